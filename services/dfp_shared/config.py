@@ -1,0 +1,62 @@
+"""Typed settings: one env-var prefix (``DFLASH_``) or a CLI flag for every setting.
+
+Each service defines a ``BaseSettings`` subclass built on :class:`CommonSettings`; its entry
+point calls :func:`load_settings` with the CLI flags that were given, which override the
+environment. An invalid value raises :class:`ConfigError` naming the variable and the reason.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "DFLASH_"
+
+
+class ConfigError(ValueError):
+    """A setting is missing or invalid; the message names the environment variable."""
+
+
+class CommonSettings(BaseSettings):
+    """Settings every long-running service shares."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", validate_default=True)
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for task streams and job records.")
+    storage_url: str = Field(
+        "file://./dflash-data", description="Root of object storage: file:///dir or s3://bucket/prefix."
+    )
+    s3_endpoint_url: str | None = Field(
+        None, description="S3-compatible endpoint URL (MinIO, moto, ...); unset means AWS."
+    )
+    s3_region: str = Field("us-east-1", description="S3 region name.")
+    log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="Log level.")
+    log_json: bool = Field(True, description="Structured JSON logs (false: human-readable lines).")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; 0 disables it.")
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def env_name(settings_cls: type[BaseSettings], field: str) -> str:
+    prefix = settings_cls.model_config.get("env_prefix", "") or ""
+    return f"{prefix}{field}".upper()
+
+
+def load_settings(settings_cls: type[S], **overrides) -> S:
+    """Build settings from the environment, with non-None ``overrides`` (CLI flags) on top.
+
+    Raises :class:`ConfigError` whose message lists each bad variable and the reason.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return settings_cls(**given)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else "?"
+            source = f"--{field.replace('_', '-')}" if field in given else env_name(settings_cls, field)
+            problems.append(f"{source}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

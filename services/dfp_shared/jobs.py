@@ -1,0 +1,288 @@
+"""Job records in Redis: one state machine, counters, rate and ETA, events and cancel flags.
+
+The API and every worker use this one implementation. Keys:
+``dfp:job:<id>`` (hash: record), ``dfp:job:<id>:counters`` / ``:totals`` (hashes of numbers),
+``dfp:job:<id>:done`` (set of finished task keys, for exactly-once counting),
+``dfp:job:<id>:events`` (stream of state and progress events), ``dfp:jobs`` (sorted set by
+creation time) and ``dfp:idem:<key>`` (idempotency keys).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+import redis
+
+EVENTS_MAXLEN = 2000
+
+
+class JobState(str, Enum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.succeeded, JobState.failed, JobState.cancelled)
+
+
+ALLOWED = {
+    JobState.queued: {JobState.running, JobState.failed, JobState.cancelled},
+    JobState.running: {JobState.succeeded, JobState.failed, JobState.cancelled},
+    JobState.succeeded: set(),
+    JobState.failed: set(),
+    JobState.cancelled: set(),
+}
+
+
+class JobNotFound(KeyError):
+    pass
+
+
+class IllegalTransition(ValueError):
+    def __init__(self, job_id: str, current: str, wanted: str):
+        super().__init__(f"job {job_id} is {current}; cannot become {wanted}")
+        self.current, self.wanted = current, wanted
+
+
+@dataclass
+class JobRecord:
+    id: str
+    type: str
+    state: JobState
+    spec: dict
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+    outputs: dict = field(default_factory=dict)
+    counters: dict = field(default_factory=dict)
+    totals: dict = field(default_factory=dict)
+    primary_unit: str = "tasks"
+    parent_id: str | None = None
+    stage: str | None = None
+
+    def progress(self, now: float | None = None) -> dict:
+        """Per-unit done/total/fraction, rates per second since start, and the ETA of the primary unit."""
+        now = now or time.time()
+        end = self.finished_at or now
+        elapsed = max(1e-9, end - self.started_at) if self.started_at else 0.0
+        units = {}
+        for unit in sorted(set(self.counters) | set(self.totals)):
+            done = self.counters.get(unit, 0)
+            total = self.totals.get(unit)
+            units[unit] = {
+                "done": done,
+                "total": total,
+                "fraction": (min(1.0, done / total) if total else None),
+                "rate_per_s": (done / elapsed if elapsed else None),
+            }
+        primary = units.get(self.primary_unit, {})
+        eta = None
+        rate = primary.get("rate_per_s")
+        if primary.get("total") is not None and rate and not self.state.terminal:
+            eta = max(0.0, (primary["total"] - primary["done"]) / rate)
+        return {"units": units, "primary_unit": self.primary_unit, "fraction": primary.get("fraction"),
+                "rate_per_s": rate, "eta_s": eta, "elapsed_s": elapsed}
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["state"] = self.state.value
+        d["progress"] = self.progress()
+        return d
+
+
+_TRANSITION = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return {err='NOTFOUND'} end
+local allowed = cjson.decode(ARGV[1])
+if not allowed[state] then return {'ILLEGAL', state} end
+redis.call('HSET', KEYS[1], 'state', ARGV[2])
+if ARGV[2] == 'running' then redis.call('HSET', KEYS[1], 'started_at', ARGV[3]) end
+if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'finished_at', ARGV[3]) end
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[5]) end
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'outputs', ARGV[6]) end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'type', 'state', 'data',
+  cjson.encode({state=ARGV[2], previous=state, error=ARGV[5], at=tonumber(ARGV[3])}))
+return {'OK', state}
+"""
+
+_COMPLETE_TASK = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+for i = 2, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[2], ARGV[i], ARGV[i+1]) end
+redis.call('HINCRBYFLOAT', KEYS[2], 'tasks', 1)
+return 1
+"""
+
+
+class JobStore:
+    """Create, read, list and move jobs through their state machine; count progress."""
+
+    def __init__(self, client: redis.Redis):
+        self.r = client
+        self._transition = client.register_script(_TRANSITION)
+        self._complete = client.register_script(_COMPLETE_TASK)
+
+    @staticmethod
+    def _key(job_id: str) -> str:
+        return f"dfp:job:{job_id}"
+
+    # create / read
+
+    def create(self, job_type: str, spec: dict, *, job_id: str | None = None, idempotency_key: str | None = None,
+               parent_id: str | None = None, stage: str | None = None, primary_unit: str = "tasks",
+               totals: dict | None = None) -> tuple[JobRecord, bool]:
+        """Create a queued job. With an idempotency key already used, returns that job and False."""
+        job_id = job_id or uuid.uuid4().hex[:16]
+        if idempotency_key:
+            idem = f"dfp:idem:{idempotency_key}"
+            if not self.r.set(idem, job_id, nx=True, ex=7 * 24 * 3600):
+                existing = self.r.get(idem)
+                return self.get(existing), False
+        now = time.time()
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(self._key(job_id), mapping={
+            "id": job_id, "type": job_type, "state": JobState.queued.value, "spec": json.dumps(spec),
+            "created_at": repr(now), "primary_unit": primary_unit, "outputs": "{}",
+            **({"parent_id": parent_id} if parent_id else {}), **({"stage": stage} if stage else {}),
+        })
+        if totals:
+            pipe.hset(self._key(job_id) + ":totals", mapping={k: float(v) for k, v in totals.items()})
+        pipe.zadd("dfp:jobs", {job_id: now})
+        pipe.xadd(self._key(job_id) + ":events", {"type": "state", "data": json.dumps({"state": "queued", "at": now})},
+                  maxlen=EVENTS_MAXLEN, approximate=True)
+        pipe.execute()
+        return self.get(job_id), True
+
+    def get(self, job_id: str) -> JobRecord:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(self._key(job_id))
+        pipe.hgetall(self._key(job_id) + ":counters")
+        pipe.hgetall(self._key(job_id) + ":totals")
+        rec, counters, totals = pipe.execute()
+        if not rec:
+            raise JobNotFound(job_id)
+        return self._record(rec, counters, totals)
+
+    @staticmethod
+    def _record(rec: dict, counters: dict, totals: dict) -> JobRecord:
+        num = lambda v: float(v) if v not in (None, "") else None  # noqa: E731
+        return JobRecord(
+            id=rec["id"], type=rec["type"], state=JobState(rec["state"]), spec=json.loads(rec.get("spec") or "{}"),
+            created_at=float(rec["created_at"]), started_at=num(rec.get("started_at")),
+            finished_at=num(rec.get("finished_at")), error=rec.get("error") or None,
+            outputs=json.loads(rec.get("outputs") or "{}"),
+            counters={k: _num(v) for k, v in counters.items()}, totals={k: _num(v) for k, v in totals.items()},
+            primary_unit=rec.get("primary_unit") or "tasks", parent_id=rec.get("parent_id"), stage=rec.get("stage"),
+        )
+
+    def list(self, *, state: str | None = None, job_type: str | None = None, offset: int = 0,
+             limit: int = 50) -> tuple[list[JobRecord], int]:
+        """Newest first, filtered; returns (page, total matching)."""
+        ids = self.r.zrevrange("dfp:jobs", 0, -1)
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(self._key(job_id), "state", "type")
+        matching = [job_id for job_id, (st, ty) in zip(ids, pipe.execute())
+                    if st is not None and (state is None or st == state) and (job_type is None or ty == job_type)]
+        page = []
+        for job_id in matching[offset:offset + limit]:
+            try:
+                page.append(self.get(job_id))
+            except JobNotFound:
+                continue
+        return page, len(matching)
+
+    # state machine
+
+    def transition(self, job_id: str, new_state: JobState | str, *, error: str | None = None,
+                   outputs: dict | None = None) -> JobRecord:
+        new_state = JobState(new_state)
+        allowed_from = {s.value: True for s, targets in ALLOWED.items() if new_state in targets}
+        res = self._transition(
+            keys=[self._key(job_id), self._key(job_id) + ":events"],
+            args=[json.dumps(allowed_from), new_state.value, repr(time.time()), "1" if new_state.terminal else "0",
+                  error or "", json.dumps(outputs) if outputs is not None else "", EVENTS_MAXLEN],
+        )
+        if res[0] == "ILLEGAL":
+            raise IllegalTransition(job_id, res[1], new_state.value)
+        return self.get(job_id)
+
+    def start(self, job_id: str) -> bool:
+        """Move a queued job to running; False if it was not queued (already started, or finished)."""
+        try:
+            self.transition(job_id, JobState.running)
+            return True
+        except IllegalTransition:
+            return False
+
+    def set_outputs(self, job_id: str, **outputs) -> None:
+        rec = self.get(job_id)
+        self.r.hset(self._key(job_id), "outputs", json.dumps({**rec.outputs, **outputs}))
+
+    def cancel(self, job_id: str) -> JobRecord:
+        """Cancel a queued or running job: workers stop taking its tasks. 409-style error if finished."""
+        self.r.set(self._key(job_id) + ":cancel", "1", ex=30 * 24 * 3600)
+        return self.transition(job_id, JobState.cancelled)
+
+    def is_cancelled(self, job_id: str) -> bool:
+        return bool(self.r.exists(self._key(job_id) + ":cancel"))
+
+    # progress
+
+    def set_totals(self, job_id: str, **totals: float) -> None:
+        if totals:
+            self.r.hset(self._key(job_id) + ":totals", mapping={k: float(v) for k, v in totals.items()})
+
+    def add_progress(self, job_id: str, **deltas: float) -> None:
+        """Plain increments (not exactly-once); use :meth:`complete_task` for per-task totals."""
+        pipe = self.r.pipeline(transaction=False)
+        for k, v in deltas.items():
+            pipe.hincrbyfloat(self._key(job_id) + ":counters", k, v)
+        pipe.execute()
+
+    def set_counters(self, job_id: str, **values: float) -> None:
+        if values:
+            self.r.hset(self._key(job_id) + ":counters", mapping={k: float(v) for k, v in values.items()})
+
+    def complete_task(self, job_id: str, task_key: str, **deltas: float) -> bool:
+        """Count a finished task and its counters exactly once; False if it was already counted."""
+        args = [task_key]
+        for k, v in deltas.items():
+            args += [k, float(v)]
+        return bool(self._complete(keys=[self._key(job_id) + ":done", self._key(job_id) + ":counters"], args=args))
+
+    def is_task_done(self, job_id: str, task_key: str) -> bool:
+        return bool(self.r.sismember(self._key(job_id) + ":done", task_key))
+
+    def all_tasks_done(self, job_id: str) -> bool:
+        rec = self.get(job_id)
+        total = rec.totals.get("tasks")
+        return total is not None and rec.counters.get("tasks", 0) >= total
+
+    # events
+
+    def emit(self, job_id: str, event_type: str, data: dict) -> None:
+        self.r.xadd(self._key(job_id) + ":events", {"type": event_type, "data": json.dumps(data)},
+                    maxlen=EVENTS_MAXLEN, approximate=True)
+
+    def events(self, job_id: str, after: str = "0-0", block_ms: int | None = None, count: int = 100) -> list[tuple[str, str, dict]]:
+        """Events after stream id ``after``: (id, type, data)."""
+        key = self._key(job_id) + ":events"
+        if block_ms is None:
+            rows = self.r.xrange(key, min=f"({after}" if after != "0-0" else "-", count=count)
+        else:
+            resp = self.r.xread({key: after}, block=block_ms, count=count)
+            rows = resp[0][1] if resp else []
+        return [(i, f.get("type", ""), json.loads(f.get("data") or "{}")) for i, f in rows]
+
+
+def _num(v: str) -> float | int:
+    f = float(v)
+    return int(f) if f.is_integer() else f

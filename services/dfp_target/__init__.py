@@ -1,0 +1,1 @@
+"""dflash-pipeline target service."""

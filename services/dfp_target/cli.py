@@ -1,0 +1,8 @@
+"""Command-line entry points of the target service."""
+
+import click
+
+
+@click.group(name="target")
+def group():
+    """target service commands."""

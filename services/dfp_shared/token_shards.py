@@ -1,0 +1,170 @@
+"""Token shards and datasets: the tokenizer's output and the trainer's input.
+
+A shard is a safetensors file with flat ``input_ids`` (int32), ``loss_mask`` (uint8, 1 = trained)
+and ``offsets`` (int64, ``num_samples + 1`` sample boundaries starting at 0), plus string metadata
+(format, tokenizer and chat-template fingerprints, counts, sample ids, source). A dataset is a
+prefix holding ``shards/*.safetensors`` and a ``manifest.json`` listing them with counts and
+SHA-256 checksums; :func:`load_dataset` reads every shard once into three concatenated tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+FORMAT = "dflash-tokens/1"
+MANIFEST = "manifest.json"
+
+
+class DatasetError(ValueError):
+    """A shard or manifest is missing, corrupt or inconsistent; the message names it."""
+
+
+@dataclass
+class Shard:
+    input_ids: torch.Tensor  # (N,) int32
+    loss_mask: torch.Tensor  # (N,) uint8
+    offsets: torch.Tensor  # (S+1,) int64
+    sample_ids: list[str]
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.offsets) - 1
+
+    def sample(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.input_ids[a:b], self.loss_mask[a:b]
+
+
+def encode_shard(sample_ids: Sequence[str], token_lists: Sequence[Sequence[int]], mask_lists: Sequence[Sequence[int]],
+                 metadata: dict | None = None) -> bytes:
+    """Serialise samples into one shard. ``metadata`` values are stored as strings (JSON for non-strings)."""
+    if not (len(sample_ids) == len(token_lists) == len(mask_lists)):
+        raise ValueError("sample_ids, token_lists and mask_lists differ in length")
+    lengths = np.fromiter((len(t) for t in token_lists), dtype=np.int64, count=len(token_lists))
+    for sid, toks, mask in zip(sample_ids, token_lists, mask_lists):
+        if len(toks) != len(mask):
+            raise ValueError(f"sample {sid!r}: {len(toks)} tokens but {len(mask)} mask entries")
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = np.fromiter((t for toks in token_lists for t in toks), dtype=np.int32, count=int(offsets[-1]))
+    mask = np.fromiter((m for ms in mask_lists for m in ms), dtype=np.uint8, count=int(offsets[-1]))
+    meta = {"format": FORMAT, "num_samples": str(len(sample_ids)), "num_tokens": str(int(offsets[-1])),
+            "num_trained_tokens": str(int(mask.sum(dtype=np.int64))), "sample_ids": json.dumps(list(sample_ids))}
+    for k, v in (metadata or {}).items():
+        meta[k] = v if isinstance(v, str) else json.dumps(v)
+    return st_save({"input_ids": torch.from_numpy(ids), "loss_mask": torch.from_numpy(mask),
+                    "offsets": torch.from_numpy(offsets)}, metadata=meta)
+
+
+def _metadata(data: bytes) -> dict:
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + n]).get("__metadata__", {})
+
+
+def decode_shard(data: bytes, name: str = "<shard>") -> Shard:
+    """Parse a shard, checking its format and internal consistency."""
+    try:
+        tensors = st_load(data)
+        meta = _metadata(data)
+    except Exception as exc:  # noqa: BLE001 - corrupt file
+        raise DatasetError(f"{name}: not a readable safetensors shard ({exc})") from None
+    if meta.get("format") != FORMAT:
+        raise DatasetError(f"{name}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    missing = {"input_ids", "loss_mask", "offsets"} - set(tensors)
+    if missing:
+        raise DatasetError(f"{name}: missing tensors {sorted(missing)}")
+    ids, mask, offsets = tensors["input_ids"], tensors["loss_mask"], tensors["offsets"]
+    if ids.shape != mask.shape or offsets.numel() < 1 or int(offsets[0]) != 0 or int(offsets[-1]) != ids.numel():
+        raise DatasetError(f"{name}: inconsistent tensors (input_ids {tuple(ids.shape)}, loss_mask {tuple(mask.shape)}, "
+                           f"offsets ending at {int(offsets[-1]) if offsets.numel() else None})")
+    sample_ids = json.loads(meta.get("sample_ids", "[]"))
+    if len(sample_ids) != offsets.numel() - 1:
+        raise DatasetError(f"{name}: {len(sample_ids)} sample ids for {offsets.numel() - 1} samples")
+    return Shard(ids, mask, offsets, sample_ids, meta)
+
+
+def shard_entry(key: str, data: bytes) -> dict:
+    """The manifest entry of a shard already encoded as ``data``."""
+    meta = _metadata(data)
+    return {"key": key, "num_samples": int(meta["num_samples"]), "num_tokens": int(meta["num_tokens"]),
+            "num_trained_tokens": int(meta["num_trained_tokens"]), "sha256": hashlib.sha256(data).hexdigest(),
+            "tokenizer_fingerprint": meta.get("tokenizer_fingerprint"),
+            "chat_template_fingerprint": meta.get("chat_template_fingerprint")}
+
+
+def build_manifest(entries: list[dict], *, extra: dict | None = None) -> dict:
+    """A dataset manifest from shard entries (see :func:`shard_entry`); fingerprints must agree."""
+    entries = sorted(entries, key=lambda e: e["key"])
+    fps = {(e.get("tokenizer_fingerprint"), e.get("chat_template_fingerprint")) for e in entries}
+    if len(fps) > 1:
+        raise DatasetError(f"shards were tokenized with different tokenizers or templates: {sorted(map(str, fps))}")
+    tok_fp, tpl_fp = next(iter(fps)) if fps else (None, None)
+    return {"format": FORMAT, "tokenizer_fingerprint": tok_fp, "chat_template_fingerprint": tpl_fp,
+            "num_samples": sum(e["num_samples"] for e in entries), "num_tokens": sum(e["num_tokens"] for e in entries),
+            "num_trained_tokens": sum(e["num_trained_tokens"] for e in entries),
+            "shards": [{k: e[k] for k in ("key", "num_samples", "num_tokens", "num_trained_tokens", "sha256")}
+                       for e in entries], **(extra or {})}
+
+
+@dataclass
+class TokenDataset:
+    """A whole dataset in memory: concatenated tensors and sample boundaries."""
+
+    input_ids: torch.Tensor  # (N,) int32
+    loss_mask: torch.Tensor  # (N,) uint8
+    offsets: torch.Tensor  # (S+1,) int64
+    sample_ids: list[str]
+    manifest: dict
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    @property
+    def tokenizer_fingerprint(self) -> str | None:
+        return self.manifest.get("tokenizer_fingerprint")
+
+    @property
+    def chat_template_fingerprint(self) -> str | None:
+        return self.manifest.get("chat_template_fingerprint")
+
+
+def load_dataset(uri: str, endpoint_url: str | None = None, verify: bool = True, max_workers: int = 16) -> TokenDataset:
+    """Read the manifest under ``uri`` and every shard it lists (in parallel), checksums verified."""
+    from .storage import NotFound, open_store
+
+    store = open_store(uri, endpoint_url=endpoint_url)
+    try:
+        manifest = json.loads(store.get(MANIFEST))
+    except NotFound:
+        raise DatasetError(f"{store.url(MANIFEST)}: no dataset manifest (has the tokenize job finished?)") from None
+    if manifest.get("format") != FORMAT:
+        raise DatasetError(f"{store.url(MANIFEST)}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    entries = manifest.get("shards", [])
+    shards = []
+    for entry, (key, data) in zip(entries, store.get_many([e["key"] for e in entries], max_workers=max_workers)):
+        if verify and hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise DatasetError(f"{store.url(key)}: checksum mismatch with the manifest")
+        shards.append(decode_shard(data, store.url(key)))
+    if not shards:
+        return TokenDataset(torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.uint8),
+                            torch.zeros(1, dtype=torch.int64), [], manifest)
+    input_ids = torch.cat([s.input_ids for s in shards])
+    loss_mask = torch.cat([s.loss_mask for s in shards])
+    bases = np.cumsum([0] + [s.input_ids.numel() for s in shards[:-1]])
+    offsets = torch.cat([shards[0].offsets[:1]] + [s.offsets[1:] + int(b) for s, b in zip(shards, bases)])
+    sample_ids = [sid for s in shards for sid in s.sample_ids]
+    return TokenDataset(input_ids, loss_mask, offsets, sample_ids, manifest)

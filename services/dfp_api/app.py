@@ -1,0 +1,67 @@
+"""The FastAPI app factory: ``create_app(settings)``."""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import Counter, Histogram
+
+from . import errors
+from .routes import health, jobs
+from .settings import ApiSettings
+from .state import ApiState
+
+REQUESTS = Counter("dfp_api_requests_total", "HTTP requests", ["method", "route", "status"])
+LATENCY = Histogram("dfp_api_request_seconds", "HTTP request latency", ["method", "route"],
+                    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+
+
+class MetricsMiddleware:
+    """Counts requests by route template and status (pure ASGI, so streaming responses pass through)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = [500]
+
+        async def send_wrapper(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            REQUESTS.labels(scope["method"], path, str(status[0])).inc()
+            LATENCY.labels(scope["method"], path).observe(time.perf_counter() - start)
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    """Build the API. Redis clients open with the app's lifespan and close with it."""
+    state = ApiState.build(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await state.close()
+
+    app = FastAPI(
+        title="dflash-pipeline",
+        version="1.0.0",
+        summary="Control plane: submit, watch and cancel generate / tokenize / train / pipeline jobs.",
+        lifespan=lifespan,
+    )
+    app.state.api = state
+    errors.install(app)
+    app.include_router(jobs)
+    app.include_router(health)
+    app.add_middleware(MetricsMiddleware)
+    return app

@@ -1,0 +1,52 @@
+"""Server-sent events of one job: its event stream in Redis plus progress snapshots.
+
+Events recorded by the job code (``state``, ``stage``, and whatever workers ``emit``) are relayed
+with their stream id as the SSE id, so a client resumes with ``Last-Event-ID``. Between them the
+stream checks the job's counters and sends a ``progress`` event when they changed. When the job
+is terminal the stream sends ``end`` (final state, error, outputs) and closes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from dfp_shared.jobs import JobRecord
+from fastapi.sse import ServerSentEvent
+
+from .store import AsyncJobReader
+
+PROGRESS_MIN_INTERVAL_S = 0.25
+
+
+def _progress(rec: JobRecord) -> dict:
+    return {"state": rec.state.value, "counters": rec.counters, "totals": rec.totals, "progress": rec.progress()}
+
+
+async def job_events(reader: AsyncJobReader, job_id: str, *, after: str = "0-0", poll_s: float = 1.0,
+                     max_s: float = 3600.0) -> AsyncIterator[ServerSentEvent]:
+    deadline = time.monotonic() + max_s
+    cursor = after
+    last_seen = None
+    last_sent = 0.0
+    while True:
+        rows = await reader.events(job_id, cursor, block_ms=max(1, int(poll_s * 1000)))
+        for event_id, event_type, data in rows:
+            cursor = event_id
+            yield ServerSentEvent(event=event_type or "message", id=event_id, data=data)
+        rec = await reader.get(job_id)
+        seen = (rec.state, rec.counters, rec.totals)
+        now = time.monotonic()
+        if seen != last_seen and (rec.state.terminal or now - last_sent >= PROGRESS_MIN_INTERVAL_S):
+            last_seen, last_sent = seen, now
+            yield ServerSentEvent(event="progress", data=_progress(rec))
+        if rec.state.terminal:
+            while rows := await reader.events(job_id, cursor, block_ms=None, count=1000):
+                for event_id, event_type, data in rows:
+                    cursor = event_id
+                    yield ServerSentEvent(event=event_type or "message", id=event_id, data=data)
+            yield ServerSentEvent(event="end", data={"state": rec.state.value, "error": rec.error,
+                                                     "outputs": rec.outputs})
+            return
+        if now >= deadline:
+            return

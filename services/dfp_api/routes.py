@@ -1,0 +1,111 @@
+"""HTTP routes: jobs (submit, list, get, cancel, events) and health."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable
+from typing import Annotated
+
+from dfp_shared.jobs import JobState
+from dfp_shared.metrics import metrics_payload
+from fastapi import APIRouter, Header, Query, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from prometheus_client import Counter
+
+from . import service
+from .deps import ExistingJob, JobId, Reader, Reading, Settings, State, SyncRedis, Writing
+from .errors import ApiError
+from .events import job_events
+from .schemas import Health, Job, JobPage, JobRequest, JobType, error_responses
+
+SUBMITTED = Counter("dfp_api_jobs_submitted_total", "Jobs created through the API", ["type"])
+
+jobs = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+health = APIRouter(tags=["health"])
+
+IdempotencyKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", min_length=1, max_length=200, pattern=r"^[!-~]+$",
+    description="Makes a retried submit return the job the first one created.")]
+
+
+def _job(rec) -> Job:
+    return Job.model_validate(rec.to_dict())
+
+
+@jobs.post("", status_code=201, response_model=Job,
+           responses={200: {"model": Job, "description": "Replay: the job this Idempotency-Key created"},
+                      **error_responses(401, 403, 409, 422, 429, 503)})
+async def submit_job(body: JobRequest, caller: Writing, r: SyncRedis, response: Response,
+                     idempotency_key: IdempotencyKey = None) -> Job:
+    """Submit a generate, tokenize, train or pipeline job. Returns 201 (created) or 200 (replayed)."""
+    spec = body.spec.model_dump(mode="json")
+    rec, created = await run_in_threadpool(service.submit, r, caller.name, body.type, spec, idempotency_key)
+    if created:
+        SUBMITTED.labels(body.type).inc()
+    else:
+        response.status_code = 200
+    return _job(rec)
+
+
+@jobs.get("", response_model=JobPage, responses=error_responses(401, 403, 422, 429, 503))
+async def list_jobs(_: Reading, r: SyncRedis, settings: Settings,
+                    state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None,
+                    type: Annotated[JobType | None, Query(description="Only jobs of this type.")] = None,
+                    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+                    limit: Annotated[int, Query(ge=1, le=10_000, description="Page size.")] = 50) -> JobPage:
+    """Jobs, newest first, filtered by state and type."""
+    if limit > settings.max_page_size:
+        raise ApiError(422, "invalid_request", f"limit: at most {settings.max_page_size}")
+    page, total = await run_in_threadpool(service.list_jobs, r, state.value if state else None,
+                                          type.value if type else None, offset, limit)
+    return JobPage(items=[_job(rec) for rec in page], total=total, offset=offset, limit=limit)
+
+
+@jobs.get("/{job_id}", response_model=Job, responses=error_responses(401, 403, 404, 422, 429, 503))
+async def get_job(job: ExistingJob) -> Job:
+    """A job's spec, state, progress (rate, ETA), error and outputs."""
+    return _job(job)
+
+
+@jobs.post("/{job_id}/cancel", response_model=Job, responses=error_responses(401, 403, 404, 409, 422, 429, 503))
+async def cancel_job(job_id: JobId, caller: Writing, r: SyncRedis) -> Job:
+    """Cancel a queued or running job (a pipeline also cancels its running stage). 409 if it already ended."""
+    return _job(await run_in_threadpool(service.cancel, r, caller.name, job_id))
+
+
+@jobs.get("/{job_id}/events", response_class=EventSourceResponse,
+          responses=error_responses(401, 403, 404, 422, 429, 503, explicit_json=True))
+async def job_event_stream(
+    job: ExistingJob, settings: Settings, reader: Reader,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=r"^\d+-\d+$",
+                                                description="Resume after this event id.")] = None,
+) -> AsyncIterable[ServerSentEvent]:
+    """Server-sent events: `state`, `stage` and worker events (with ids), `progress` snapshots, and a
+    final `end` when the job is finished."""
+    async for event in job_events(job_id=job.id, reader=reader, after=last_event_id or "0-0",
+                                  poll_s=settings.sse_poll_s, max_s=settings.sse_max_s):
+        yield event
+
+
+@health.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    """Liveness: the process serves requests."""
+    return Health(status="ok")
+
+
+@health.get("/readyz", response_model=Health, responses={503: {"model": Health, "description": "Not ready"}})
+async def readyz(state: State, response: Response) -> Health:
+    """Readiness: Redis answers."""
+    try:
+        await state.aredis.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        response.status_code = 503
+        return Health(status="unavailable", checks={"redis": type(exc).__name__})
+    return Health(status="ok", checks={"redis": "ok"})
+
+
+@health.get("/metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus"}})
+async def metrics() -> Response:
+    body, content_type = metrics_payload()
+    return Response(body, media_type=content_type)

@@ -1,0 +1,149 @@
+"""Request and response models of the REST API (they are the OpenAPI document).
+
+Job specs come from :mod:`dfp_shared.specs`, the same models the workers read. A pipeline's
+stage specs are those models minus the field the pipeline wires from the previous stage
+(tokenize's ``input``, train's ``dataset``), so every stage is validated before anything runs.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from dfp_shared.jobs import JobState
+from dfp_shared.specs import SPECS, GenerateSpec, TokenizeSpec, TrainSpec
+from dfp_shared.submit import PIPELINE_WIRING
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+JobType = Enum("JobType", {name: name for name in SPECS}, type=str)
+JobType.__doc__ = "Kind of job."
+
+
+def _stage_model(stage: str) -> type[BaseModel]:
+    """The stage's spec model without the field an earlier stage fills in."""
+    base = SPECS[stage]
+    wired = {field for _, (nxt, field, _) in PIPELINE_WIRING.items() if nxt == stage}
+    fields = {name: (info.annotation, info) for name, info in base.model_fields.items() if name not in wired}
+    model = create_model(f"Pipeline{stage.capitalize()}Stage", __config__=ConfigDict(extra="forbid"), **fields)
+    model.__doc__ = f"{base.__name__} fields" + (f" except {', '.join(sorted(wired))} (wired by the pipeline)."
+                                                  if wired else ".")
+    return model
+
+
+PipelineTokenizeStage = _stage_model("tokenize")
+PipelineTrainStage = _stage_model("train")
+
+
+class PipelineRequestSpec(BaseModel):
+    """generate -> tokenize -> train; each stage starts when the previous one succeeds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    generate: GenerateSpec
+    tokenize: PipelineTokenizeStage  # type: ignore[valid-type]
+    train: PipelineTrainStage  # type: ignore[valid-type]
+
+
+class GenerateJobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="GenerateJob")
+    type: Literal["generate"]
+    spec: GenerateSpec
+
+
+class TokenizeJobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="TokenizeJob")
+    type: Literal["tokenize"]
+    spec: TokenizeSpec
+
+
+class TrainJobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="TrainJob")
+    type: Literal["train"]
+    spec: TrainSpec
+
+
+class PipelineJobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="PipelineJob")
+    type: Literal["pipeline"]
+    spec: PipelineRequestSpec
+
+
+JobRequest = Annotated[
+    GenerateJobRequest | TokenizeJobRequest | TrainJobRequest | PipelineJobRequest,
+    Field(discriminator="type"),
+]
+
+
+class UnitProgress(BaseModel):
+    done: float = Field(description="Units finished.")
+    total: float | None = Field(description="Units planned (null until the job is planned).")
+    fraction: float | None = Field(description="done / total, 0..1.")
+    rate_per_s: float | None = Field(description="Units per second since the job started.")
+
+
+class Progress(BaseModel):
+    units: dict[str, UnitProgress]
+    primary_unit: str = Field(description="The unit the fraction and ETA refer to.")
+    fraction: float | None
+    rate_per_s: float | None
+    eta_s: float | None = Field(description="Seconds left at the current rate (null when unknown or finished).")
+    elapsed_s: float
+
+
+class Job(BaseModel):
+    id: str
+    type: str
+    state: JobState
+    spec: dict[str, Any]
+    created_at: float = Field(description="Unix time.")
+    started_at: float | None
+    finished_at: float | None
+    error: str | None
+    outputs: dict[str, Any] = Field(description="URIs the job produced (and, for a pipeline, its stage job ids).")
+    counters: dict[str, float]
+    totals: dict[str, float]
+    primary_unit: str
+    parent_id: str | None = Field(description="The pipeline this job is a stage of.")
+    stage: str | None
+    progress: Progress
+
+
+class JobPage(BaseModel):
+    items: list[Job]
+    total: int = Field(description="Jobs matching the filters.")
+    offset: int
+    limit: int
+
+
+class FieldError(BaseModel):
+    field: str = Field(description="Dotted path of the bad field (e.g. spec.output), or the parameter name.")
+    location: str = Field(description="body, query, path or header.")
+    reason: str
+
+
+class Error(BaseModel):
+    error: str = Field(description="Machine-readable error code.")
+    message: str
+    fields: list[FieldError] | None = None
+
+
+class Health(BaseModel):
+    status: str
+    checks: dict[str, str] = Field(default_factory=dict)
+
+
+def error_responses(*codes: int, explicit_json: bool = False) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for error statuses. ``explicit_json`` for routes whose success type is not JSON."""
+    text = {401: "Missing or invalid API key", 403: "The key lacks the scope", 404: "No such job",
+            409: "Illegal state transition", 422: "Invalid request", 429: "Rate limit exceeded",
+            503: "Dependency unavailable"}
+    if explicit_json:
+        content = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        out: dict[int | str, dict[str, Any]] = {c: {"description": text[c], "content": content} for c in codes}
+    else:
+        out = {code: {"model": Error, "description": text[code]} for code in codes}
+    if 429 in out:
+        out[429]["headers"] = {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}}
+    if 401 in out:
+        out[401]["headers"] = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}
+    return out

@@ -1,0 +1,41 @@
+"""Run the app under uvicorn with production settings (uvloop, httptools, no access log by default)."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from .settings import ApiSettings
+
+log = logging.getLogger(__name__)
+
+
+def uvicorn_config(settings: ApiSettings, app="dfp_api.server:app_from_env", factory: bool = True) -> dict:
+    return dict(
+        app=app, factory=factory, host=settings.host, port=settings.port, workers=settings.workers,
+        loop="uvloop", http="httptools", lifespan="on", access_log=settings.access_log, log_config=None,
+        proxy_headers=True, timeout_keep_alive=30, timeout_graceful_shutdown=10, server_header=False,
+    )
+
+
+def app_from_env():
+    """App factory for uvicorn workers: settings from the environment (serve exports the flags)."""
+    from dfp_shared.cli_support import settings_or_exit
+
+    from .app import create_app
+
+    return create_app(settings_or_exit(ApiSettings, "api"))
+
+
+def serve(settings: ApiSettings) -> None:
+    import os
+
+    # Uvicorn workers re-read settings from the environment: export what the flags set.
+    for name, value in settings.model_dump().items():
+        if value is not None:
+            os.environ[f"DFLASH_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    log.info("api listening", extra={"host": settings.host, "port": settings.port, "workers": settings.workers,
+                                     "auth": "disabled" if settings.auth_disabled else "keys",
+                                     "rate_limit_per_s": settings.rate_limit_per_s})
+    uvicorn.run(**uvicorn_config(settings))

@@ -1,0 +1,69 @@
+"""Job operations behind the routes: submit (with idempotency), list, cancel (cascading).
+
+These call the shared sync job code (:mod:`dfp_shared.submit`, :class:`~dfp_shared.jobs.JobStore`)
+and run in a worker thread of the API.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from dfp_shared.jobs import IllegalTransition, JobNotFound, JobRecord, JobState, JobStore
+from dfp_shared.specs import PipelineSpec
+from dfp_shared.submit import advance_pipeline, submit_job
+
+log = logging.getLogger(__name__)
+
+
+class IdempotencyConflict(ValueError):
+    """The idempotency key was used before for a different request."""
+
+
+def submit(r: redis.Redis, caller: str, job_type: str, spec: dict,
+           idempotency_key: str | None) -> tuple[JobRecord, bool]:
+    """Create and queue a job. A repeated idempotency key (scoped to the caller) returns the first job."""
+    scoped = f"api:{caller}:{idempotency_key}" if idempotency_key else None
+    job, created = submit_job(r, job_type, spec, idempotency_key=scoped)
+    if not created and (job.type != job_type or job.spec != _normalised(job_type, spec)):
+        raise IdempotencyConflict(
+            f"Idempotency-Key was already used for job {job.id} with a different type or spec")
+    log.info("job submitted" if created else "job submit replayed",
+             extra={"job_id": job.id, "type": job_type, "caller": caller})
+    return job, created
+
+
+def _normalised(job_type: str, spec: dict) -> dict:
+    from dfp_shared.submit import validate_spec
+
+    return validate_spec(job_type, spec)
+
+
+def list_jobs(r: redis.Redis, state: str | None, job_type: str | None, offset: int,
+              limit: int) -> tuple[list[JobRecord], int]:
+    return JobStore(r).list(state=state, job_type=job_type, offset=offset, limit=limit)
+
+
+def cancel(r: redis.Redis, caller: str, job_id: str) -> JobRecord:
+    """Cancel a queued or running job. A pipeline cancels its running stage; a cancelled stage
+    ends its pipeline. Raises JobNotFound, or IllegalTransition when the job already finished."""
+    jobs = JobStore(r)
+    rec = jobs.get(job_id)
+    if rec.state.terminal:
+        raise IllegalTransition(job_id, rec.state.value, JobState.cancelled.value)
+    rec = jobs.cancel(job_id)
+    log.info("job cancelled", extra={"job_id": job_id, "type": rec.type, "caller": caller})
+    if rec.type == "pipeline":
+        for stage in PipelineSpec.STAGES:
+            child = rec.outputs.get(f"{stage}_job")
+            if not child:
+                continue
+            try:
+                if not jobs.get(child).state.terminal:
+                    jobs.cancel(child)
+                    log.info("pipeline stage cancelled", extra={"job_id": child, "pipeline": job_id})
+            except (JobNotFound, IllegalTransition):
+                continue
+    elif rec.parent_id:
+        advance_pipeline(r, rec)
+    return jobs.get(job_id)

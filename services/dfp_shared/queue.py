@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 

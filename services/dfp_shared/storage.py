@@ -184,7 +184,8 @@ class LocalStore(ObjectStore):
 
 def _retry(fn: Callable, what: str, attempts: int = 5, base_delay: float = 0.2):
     """Call ``fn`` with exponential backoff and jitter on transient S3/network errors."""
-    from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnError
+    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import ConnectionError as BotoConnError
 
     for attempt in range(attempts):
         try:

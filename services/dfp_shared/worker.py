@@ -73,6 +73,11 @@ class Worker:
         self.stopping = threading.Event()
         self.abort = threading.Event()
         self.tasks_done = 0
+        self._started_jobs: set[str] = set()
+        self._job_checked: dict[str, float] = {}
+        self._current: Task | None = None
+        self._beat_lock = threading.Lock()
+        self._beat_thread: threading.Thread | None = None
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum, _frame):
@@ -101,14 +106,32 @@ class Worker:
             idle_since = time.monotonic()
         return self.tasks_done
 
+    def _job_live(self, job_id: str) -> bool | None:
+        """True if the job takes tasks, False if it was cancelled or failed, None if it does not exist.
+        The cancel flag is checked every time; the full record at most every 200 ms per job."""
+        now = time.monotonic()
+        if now - self._job_checked.get(job_id, -1.0) < 0.2:
+            return not self.jobs.is_cancelled(job_id)
+        try:
+            state = self.jobs.get(job_id).state
+        except JobNotFound:
+            return None
+        if state in (JobState.cancelled, JobState.failed) or self.jobs.is_cancelled(job_id):
+            self._job_checked.pop(job_id, None)
+            return False
+        self._job_checked[job_id] = now
+        if job_id not in self._started_jobs:
+            self.jobs.start(job_id)
+            self._started_jobs.add(job_id)
+        return True
+
     def process(self, task: Task) -> None:
         kind = self.queue.kind
-        try:
-            rec = self.jobs.get(task.job_id)
-        except JobNotFound:
+        live = self._job_live(task.job_id)
+        if live is None:
             self.queue.dead_letter(task, f"job {task.job_id} does not exist")
             return
-        if rec.state in (JobState.cancelled, JobState.failed) or self.jobs.is_cancelled(task.job_id):
+        if not live:
             self.queue.ack(task)
             TASKS.labels(kind, "skipped_cancelled").inc()
             return
@@ -116,11 +139,10 @@ class Worker:
             self.queue.ack(task)
             TASKS.labels(kind, "skipped_done").inc()
             return
-        self.jobs.start(task.job_id)
         ctx = TaskContext(self.queue, self.jobs, task, self.stopping)
-        beat_stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(task, beat_stop), daemon=True)
-        beat.start()
+        self._ensure_heartbeat()
+        with self._beat_lock:
+            self._current = task
         start = time.monotonic()
         try:
             self.handler(task, ctx)
@@ -143,17 +165,31 @@ class Worker:
             self.queue.ack(task)
             TASKS.labels(kind, "ok").inc()
         finally:
-            beat_stop.set()
-            beat.join()
+            with self._beat_lock:
+                self._current = None
             TASK_SECONDS.labels(kind).observe(time.monotonic() - start)
             self.tasks_done += 1
 
-    def _heartbeat(self, task: Task, stop: threading.Event) -> None:
-        while not stop.wait(self.heartbeat_s):
+    def _ensure_heartbeat(self) -> None:
+        if self._beat_thread is None or not self._beat_thread.is_alive():
+            self._beat_thread = threading.Thread(target=self._heartbeat, name="task-heartbeat", daemon=True)
+            self._beat_thread.start()
+
+    def _heartbeat(self) -> None:
+        """Keep the lease of the task in hand: one thread for the worker's life."""
+        beaten: dict[str, float] = {}
+        while not self.abort.wait(min(0.5, self.heartbeat_s / 2)):
+            with self._beat_lock:
+                task = self._current
+            if task is None:
+                continue
+            since = beaten.setdefault(task.id, time.monotonic())
+            if time.monotonic() - since < self.heartbeat_s:
+                continue
+            beaten = {task.id: time.monotonic()}
             try:
                 if not self.queue.heartbeat(task):
                     log.warning("lost the lease of a task", extra={"task": task.id, "job_id": task.job_id})
-                    return
             except Exception as exc:  # noqa: BLE001 - Redis may be restarting; the next beat retries
                 log.warning("heartbeat failed", extra={"task": task.id, "error": str(exc)})
 

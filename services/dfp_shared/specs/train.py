@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from ._common import StorageUri
@@ -13,3 +15,28 @@ class TrainSpec(BaseModel):
     dataset: StorageUri = Field(description="Tokenized dataset prefix (with its manifest).")
     target: StorageUri = Field(description="Target model directory (local or object storage).")
     output: StorageUri = Field(description="Prefix for checkpoints, the drafter export and the eval report.")
+
+    steps: int | None = Field(None, ge=1, description="Optimiser steps to train; unset: `epochs` passes over the data.")
+    epochs: float = Field(3.0, gt=0, description="Passes over the dataset when `steps` is unset.")
+    tokens_per_batch: int = Field(16384, ge=16, description="Padded tokens per optimiser step, all ranks together.")
+    max_length: int = Field(3072, ge=8, description="Samples longer than this many tokens are cut to it.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per rank per optimiser step.")
+    lr: float = Field(6e-4, gt=0, description="Peak learning rate (AdamW).")
+    warmup_ratio: float = Field(0.04, ge=0, lt=1, description="Share of the steps with linear learning-rate warmup.")
+    decay: Literal["cosine", "linear", "constant"] = Field("cosine", description="Learning-rate decay after warmup.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final learning rate as a share of the peak.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    seed: int = Field(0, description="Seed of initialisation, shuffling, anchor sampling and noise.")
+    num_draft_layers: int = Field(5, ge=1, description="Draft decoder layers (one target layer feeds each).")
+    block_size: int = Field(16, ge=2, description="Tokens per draft block (anchor + block_size-1 masks).")
+    target_layer_ids: list[int] | None = Field(None, description="Target layers read; unset: spread over 1..L-3.")
+    max_anchors: int = Field(512, ge=1, description="Anchor positions sampled per sequence per step.")
+    gamma: float = Field(7.0, gt=0, description="Decay of the loss weight over block positions, exp(-(k-1)/gamma).")
+    noise_std: float = Field(0.0, ge=0, description="Std of Gaussian noise added to target features in training.")
+    checkpoint_every: int = Field(500, ge=1, description="Steps between checkpoints (one is also written at SIGTERM).")
+    keep_checkpoints: int = Field(3, ge=1, description="Most recent checkpoints kept.")
+    target_url: str | None = Field(None, description="Hidden-state source override: `inprocess` or gRPC address(es).")
+    eval_prompts: int = Field(8, ge=0, description="Held-out samples whose prompts measure acceptance length (0: skip).")
+    eval_max_new_tokens: int = Field(64, ge=1, description="Tokens generated per evaluation prompt.")
+    enable_thinking: bool = Field(True, description="Thinking mode of the evaluation prompts (as the drafter serves).")

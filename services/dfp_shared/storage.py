@@ -252,7 +252,7 @@ class S3Store(ObjectStore):
             kwargs = {"Bucket": self.bucket, "Prefix": full, "MaxKeys": page_size}
             if token:
                 kwargs["ContinuationToken"] = token
-            page = _retry(lambda: self.client.list_objects_v2(**kwargs), f"list {self.uri}/{prefix}")
+            page = _retry(lambda kw=kwargs: self.client.list_objects_v2(**kw), f"list {self.uri}/{prefix}")
             for obj in page.get("Contents", []):
                 yield obj["Key"][strip:]
             if not page.get("IsTruncated"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -14,4 +16,4 @@ class PipelineSpec(BaseModel):
     tokenize: dict = Field(description="TokenizeSpec fields except `input` (the completions).")
     train: dict = Field(description="TrainSpec fields except `dataset` (the token shards).")
 
-    STAGES: tuple = ("generate", "tokenize", "train")
+    STAGES: ClassVar[tuple[str, ...]] = ("generate", "tokenize", "train")

@@ -1,0 +1,212 @@
+"""The job client: ``dflash-pipeline submit | jobs | status | cancel`` over the REST API (httpx).
+
+The API URL and key come from ``--api-url`` / ``--api-key`` or ``DFLASH_API_URL`` /
+``DFLASH_API_KEY``. A spec comes from a YAML/JSON file (``-f``), ``--set field=value`` pairs
+(dotted for pipeline stages: ``--set tokenize.output=s3://...``) and the per-field flags of the
+job type (``submit generate --prompts ... --output ... --model ...``), later ones winning.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import httpx
+import yaml
+from dfp_shared.specs import SPECS
+
+from .client_view import job_table, job_view, watch_job
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class Api:
+    """Thin httpx wrapper: raises ClickException with the server's message on errors."""
+
+    def __init__(self, url: str, key: str | None, timeout: float = 30.0):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def call(self, method: str, path: str, **kw) -> httpx.Response:
+        try:
+            resp = self.http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise click.ClickException(f"cannot reach the API at {self.http.base_url}: {exc}") from None
+        if resp.status_code >= 400:
+            raise click.ClickException(describe_error(resp))
+        return resp
+
+
+def describe_error(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code}: {resp.text[:300]}"
+    fields = body.get("fields") or []
+    message = "" if fields else body.get("message", "")
+    lines = [f"HTTP {resp.status_code} {body.get('error', '')}: {message}".rstrip(" :")]
+    for f in fields:
+        lines.append(f"  {f['field']}: {f['reason']}")
+    if resp.status_code == 429 and resp.headers.get("Retry-After"):
+        lines.append(f"  retry after {resp.headers['Retry-After']} s")
+    return "\n".join(lines)
+
+
+def api_options(fn):
+    fn = click.option("--api-key", envvar="DFLASH_API_KEY", default=None, show_envvar=True,
+                      help="API key (bearer token).")(fn)
+    fn = click.option("--api-url", envvar="DFLASH_API_URL", default=DEFAULT_URL, show_default=True,
+                      show_envvar=True, help="Base URL of the API.")(fn)
+    return fn
+
+
+def _value(text: str):
+    """A flag value as YAML (numbers, booleans, lists), strings left as they are."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return text if value is None or isinstance(value, (dict, str)) else value
+
+
+def _put(spec: dict, dotted: str, value) -> None:
+    parts = dotted.split(".")
+    node = spec
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise click.BadParameter(f"{dotted}: {part} is not a mapping")
+    node[parts[-1]] = value
+
+
+def build_spec(spec_file: str | None, sets: tuple[str, ...], fields: dict) -> dict:
+    spec: dict = {}
+    if spec_file:
+        text = sys.stdin.read() if spec_file == "-" else Path(spec_file).read_text()
+        try:
+            loaded = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise click.BadParameter(f"{spec_file}: not valid YAML/JSON: {exc}", param_hint="--file") from None
+        if not isinstance(loaded, dict):
+            raise click.BadParameter(f"{spec_file}: expected a mapping of spec fields", param_hint="--file")
+        spec = loaded.get("spec", loaded) if set(loaded) <= {"type", "spec"} and "spec" in loaded else loaded
+    for item in sets:
+        if "=" not in item:
+            raise click.BadParameter(f"{item!r}: expected FIELD=VALUE", param_hint="--set")
+        key, text = item.split("=", 1)
+        _put(spec, key.strip(), _value(text))
+    for name, value in fields.items():
+        if value is None or value == ():
+            continue
+        if isinstance(value, tuple):  # a stage mapping given as repeated KEY=VALUE
+            for item in value:
+                if "=" not in item:
+                    raise click.BadParameter(f"{item!r}: expected FIELD=VALUE", param_hint=f"--{name}")
+                key, text = item.split("=", 1)
+                _put(spec, f"{name}.{key.strip()}", _value(text))
+        else:
+            _put(spec, name, value)
+    return spec
+
+
+def _field_option(name: str, info) -> click.Option:
+    flag = "--" + name.replace("_", "-")
+    help_text = info.description or name
+    ann = info.annotation
+    if ann is dict or getattr(ann, "__origin__", None) is dict:
+        return click.Option([flag, name], multiple=True, metavar="KEY=VALUE",
+                            help=f"{help_text} (repeatable KEY=VALUE).")
+    if ann is bool:
+        return click.Option([f"{flag}/--no-{name.replace('_', '-')}", name], default=None, help=help_text)
+    kind = {int: click.INT, float: click.FLOAT}.get(ann, click.STRING)
+    return click.Option([flag, name], type=kind, default=None, help=help_text)
+
+
+def _submit_command(job_type: str) -> click.Command:
+    model = SPECS[job_type]
+
+    def run(api_url, api_key, spec_file, sets, idempotency_key, watch, as_json, **fields):
+        spec = build_spec(spec_file, sets, fields)
+        api = Api(api_url, api_key)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        resp = api.call("POST", "/v1/jobs", json={"type": job_type, "spec": spec}, headers=headers)
+        job = resp.json()
+        if as_json:
+            click.echo(json.dumps(job, indent=2))
+        else:
+            replay = " (already submitted with this idempotency key)" if resp.status_code == 200 else ""
+            click.echo(f"{job['id']}  {job['type']}  {job['state']}{replay}")
+        if watch:
+            sys.exit(watch_job(api, job["id"]))
+
+    params = [
+        click.Option(["-f", "--file", "spec_file"], default=None, help="Spec as a YAML or JSON file ('-' = stdin)."),
+        click.Option(["--set", "sets"], multiple=True, metavar="FIELD=VALUE",
+                     help="Set a spec field (dotted for nested fields); repeatable."),
+        click.Option(["--idempotency-key"], default=None, help="Retries with the same key return the same job."),
+        click.Option(["--watch/--no-watch"], default=False, help="Follow the job's progress until it ends."),
+        click.Option(["--json", "as_json"], is_flag=True, help="Print the job as JSON."),
+        *[_field_option(name, info) for name, info in model.model_fields.items()],
+    ]
+    cmd = click.Command(job_type, params=params, callback=run,
+                        help=f"Submit a {job_type} job (spec fields below, or -f / --set).")
+    return api_options(cmd)
+
+
+class _SubmitGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(SPECS)
+
+    def get_command(self, ctx, name):
+        return _submit_command(name) if name in SPECS else None
+
+
+@click.group(cls=_SubmitGroup)
+def submit():
+    """Submit a job: generate, tokenize, train or pipeline."""
+
+
+@click.command()
+@api_options
+@click.option("--state", default=None, help="Only jobs in this state.")
+@click.option("--type", "job_type", default=None, help="Only jobs of this type.")
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--offset", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the page as JSON.")
+def jobs(api_url, api_key, state, job_type, limit, offset, as_json):
+    """List jobs, newest first."""
+    params = {k: v for k, v in {"state": state, "type": job_type, "limit": limit, "offset": offset}.items()
+              if v is not None}
+    page = Api(api_url, api_key).call("GET", "/v1/jobs", params=params).json()
+    if as_json:
+        click.echo(json.dumps(page, indent=2))
+    else:
+        job_table(page)
+
+
+@click.command()
+@api_options
+@click.argument("job_id")
+@click.option("--watch", is_flag=True, help="Live progress bars until the job ends; exit 1 unless it succeeds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+def status(api_url, api_key, job_id, watch, as_json):
+    """Show a job: state, progress, rate, ETA, error and outputs."""
+    api = Api(api_url, api_key)
+    if watch:
+        sys.exit(watch_job(api, job_id))
+    job = api.call("GET", f"/v1/jobs/{job_id}").json()
+    if as_json:
+        click.echo(json.dumps(job, indent=2))
+    else:
+        job_view(job)
+
+
+@click.command()
+@api_options
+@click.argument("job_id")
+def cancel(api_url, api_key, job_id):
+    """Cancel a queued or running job (a pipeline also cancels its running stage)."""
+    job = Api(api_url, api_key).call("POST", f"/v1/jobs/{job_id}/cancel").json()
+    click.echo(f"{job['id']}  {job['type']}  {job['state']}")

@@ -1,0 +1,142 @@
+"""Terminal views of jobs for the client: a table, one job's details, and live progress bars."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+
+import click
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console(highlight=False)
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def _when(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def _num(v) -> str:
+    return "-" if v is None else (f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}")
+
+
+def job_table(page: dict) -> None:
+    table = Table(title=f"{len(page['items'])} of {page['total']} jobs")
+    for col in ("id", "type", "state", "progress", "created (UTC)", "error"):
+        table.add_column(col)
+    for job in page["items"]:
+        p = job["progress"]
+        frac = "-" if p["fraction"] is None else f"{100 * p['fraction']:.0f}% {p['primary_unit']}"
+        table.add_row(job["id"], job["type"] + (f" ({job['stage']})" if job.get("stage") else ""), job["state"],
+                      frac, _when(job["created_at"]), (job.get("error") or "")[:60])
+    console.print(table)
+
+
+def job_view(job: dict) -> None:
+    p = job["progress"]
+    console.print(f"[bold]{job['id']}[/bold]  {job['type']}  [bold]{job['state']}[/bold]")
+    console.print(f"  created {_when(job['created_at'])}  started {_when(job['started_at'])}  "
+                  f"finished {_when(job['finished_at'])}")
+    for unit, u in p["units"].items():
+        console.print(f"  {unit:>12}: {_num(u['done'])} / {_num(u['total'])}  ({_num(u['rate_per_s'])}/s)")
+    if p.get("eta_s") is not None:
+        console.print(f"  ETA {p['eta_s']:.0f} s")
+    if job.get("error"):
+        console.print(f"  [red]error:[/red] {job['error']}")
+    for name, value in job.get("outputs", {}).items():
+        console.print(f"  output {name}: {value}")
+    console.print("  spec: " + json.dumps(job["spec"]))
+
+
+def sse_events(api, job_id: str, last_id: str | None = None) -> Iterator[tuple[str, str | None, dict]]:
+    """(event, id, data) from the job's event stream, reconnecting (with Last-Event-ID) until ``end``."""
+    failures = 0
+    while True:
+        headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
+        try:
+            with api.http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
+                                 timeout=httpx.Timeout(30.0, read=None)) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    from .client import describe_error
+
+                    raise click.ClickException(describe_error(resp))
+                event, data, ev_id = "message", [], None
+                for line in resp.iter_lines():
+                    if line == "":
+                        if data:
+                            payload = json.loads("\n".join(data))
+                            if ev_id:
+                                last_id = ev_id
+                            yield event, ev_id, payload
+                            if event == "end":
+                                return
+                        event, data, ev_id = "message", [], None
+                    elif line.startswith(":"):
+                        continue
+                    else:
+                        field, _, value = line.partition(":")
+                        value = value[1:] if value.startswith(" ") else value
+                        if field == "event":
+                            event = value
+                        elif field == "data":
+                            data.append(value)
+                        elif field == "id":
+                            ev_id = value
+            failures = 0
+        except httpx.TransportError as exc:
+            failures += 1
+            if failures > 5:
+                raise click.ClickException(f"lost the event stream of {job_id}: {exc}") from None
+            time.sleep(min(5.0, 0.5 * failures))
+
+
+def watch_job(api, job_id: str) -> int:
+    """Live progress bars from the job's events until it ends; returns 0 if it succeeded, else 1."""
+    job = api.call("GET", f"/v1/jobs/{job_id}").json()
+    console.print(f"watching {job_id} ({job['type']})")
+    bars: dict[str, int] = {}
+    final = job
+    with Progress(TextColumn("{task.description:>16}"), BarColumn(), TaskProgressColumn(),
+                  TextColumn("{task.completed:.0f}/{task.fields[total_text]}"), TimeRemainingColumn(),
+                  TextColumn("{task.fields[note]}"), console=console, transient=False) as progress:
+
+        def show(prefix: str, record: dict) -> None:
+            units = record["progress"]["units"]
+            for unit, u in units.items():
+                name = f"{prefix}{unit}"
+                total = u["total"]
+                if name not in bars:
+                    bars[name] = progress.add_task(name, total=total, total_text=_num(total), note="")
+                rate = u["rate_per_s"]
+                progress.update(bars[name], completed=u["done"], total=total, total_text=_num(total),
+                                note=f"{rate:.2f}/s" if rate else "")
+
+        for event, _, data in sse_events(api, job_id):
+            if event == "progress":
+                show("", {"progress": data["progress"]})
+                if job["type"] == "pipeline":
+                    current = api.call("GET", f"/v1/jobs/{job_id}").json()
+                    stage_id = next((current["outputs"][f"{s}_job"] for s in ("train", "tokenize", "generate")
+                                     if f"{s}_job" in current["outputs"]), None)
+                    if stage_id:
+                        show_stage = api.call("GET", f"/v1/jobs/{stage_id}").json()
+                        show(f"{show_stage['stage']}:", show_stage)
+            elif event == "state":
+                progress.console.print(f"state: {data.get('previous', '-')} -> {data['state']}"
+                                       + (f"  {data['error']}" if data.get("error") else ""))
+            elif event == "stage":
+                progress.console.print(f"stage {data['stage']} started: job {data['job_id']}")
+            elif event == "end":
+                final = data
+    state = final["state"]
+    colour = "green" if state == "succeeded" else "red"
+    console.print(f"[{colour}]{job_id} {state}[/{colour}]" + (f": {final['error']}" if final.get("error") else ""))
+    for name, value in (final.get("outputs") or {}).items():
+        console.print(f"  output {name}: {value}")
+    return 0 if state == "succeeded" else 1

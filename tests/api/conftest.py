@@ -1,0 +1,43 @@
+"""API fixtures: API keys, an app on the session's Redis, an HTTP client with a given key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+WRITE_KEY = "dfp_test-write-key-0123456789"
+READ_KEY = "dfp_test-read-key-0123456789"
+
+
+def key_entries() -> str:
+    return json.dumps([
+        {"name": "writer", "sha256": hashlib.sha256(WRITE_KEY.encode()).hexdigest(), "scopes": ["read", "write"]},
+        {"name": "reader", "sha256": hashlib.sha256(READ_KEY.encode()).hexdigest(), "scopes": ["read"]},
+    ])
+
+
+def auth(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def make_app(redis_server):
+    from dfp_api.app import create_app
+    from dfp_api.settings import ApiSettings
+
+    def make(**overrides):
+        settings = ApiSettings(**{"redis_url": redis_server.url, "api_keys": key_entries(), "sse_poll_s": 0.2,
+                                  "rate_limit_per_s": 1000.0, "rate_limit_burst": 1000, **overrides})
+        return create_app(settings)
+
+    return make
+
+
+@pytest.fixture
+def api(make_app, redis_client):
+    """A TestClient (lifespan started) authenticated with the write key."""
+    with TestClient(make_app(), headers=auth(WRITE_KEY)) as client:
+        yield client

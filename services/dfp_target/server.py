@@ -1,0 +1,185 @@
+"""The target gRPC server: validates calls, feeds the dynamic batcher, streams hidden states back.
+
+Replies are pre-encoded bytes (:mod:`dfp_shared.target_wire`), one tensor copy per chunk. A call
+that names a shared-memory segment gets its tensors written there and a reply of handles only.
+The standard health service and server reflection are registered; SIGTERM drains (health goes
+NOT_SERVING, new calls are refused, calls in flight finish within ``drain_seconds``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import CancelledError, ThreadPoolExecutor
+
+import grpc
+from dfp_shared import shm_transport
+from dfp_shared.hidden_states import (
+    InvalidInput,
+    ModelInfo,
+    forward_batch,
+    resolve_layers,
+    validate_sequences,
+)
+from dfp_shared.rpc import target_pb2 as pb
+from dfp_shared.target_wire import SERVICE, encode_chunk, tensor_chunks, unpack_tokens
+from dfp_shared.tensor_codec import CodecError, dtype_name, to_dtype
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from . import metrics
+from .batcher import BatcherClosed, DynamicBatcher, QueueFull
+from .settings import TargetSettings
+
+log = logging.getLogger(__name__)
+
+
+def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """Channel/server options tuned for large streamed tensors (see the hidden-states benchmark)."""
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.http2.max_frame_size", 16777215),
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.so_reuseport", 0)]
+
+
+def info_message(info: ModelInfo) -> pb.ModelInfo:
+    return pb.ModelInfo(model_id=info.model_id, fingerprint=info.fingerprint, num_layers=info.num_layers,
+                        hidden_size=info.hidden_size, vocab_size=info.vocab_size, dtype=info.dtype,
+                        layer_ids=info.layer_ids, max_tokens_per_request=info.max_tokens_per_request,
+                        tokenizer_fingerprint=info.tokenizer_fingerprint,
+                        max_sequence_length=info.max_sequence_length, max_message_bytes=info.max_message_bytes)
+
+
+class TargetServer:
+    """gRPC server around a loaded model (or any ``run(sequences, layer_ids)`` function)."""
+
+    def __init__(self, settings: TargetSettings, info: ModelInfo, model=None, run=None):
+        self.settings = settings
+        self.info = info
+        run = run or (lambda seqs, layers: forward_batch(model, seqs, layers))
+        self.batcher = DynamicBatcher(run, info.hidden_size, max_batch_tokens=settings.max_batch_tokens,
+                                      max_wait_s=settings.max_wait_ms / 1000,
+                                      max_queue_tokens=settings.max_queue_tokens,
+                                      on_batch=metrics.observe_gpu_memory)
+        self.itemsize = to_dtype(info.dtype).itemsize
+        self.server = grpc.server(ThreadPoolExecutor(settings.handler_threads, thread_name_prefix="target-rpc"),
+                                  options=grpc_options(settings.max_message_bytes))
+        handlers = {
+            "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+                self.get_model_info, request_deserializer=pb.ModelInfoRequest.FromString,
+                response_serializer=pb.ModelInfo.SerializeToString),
+            "HiddenStates": grpc.unary_stream_rpc_method_handler(
+                self.hidden_states, request_deserializer=pb.HiddenStatesRequest.FromString,
+                response_serializer=None),  # replies are already-encoded bytes
+        }
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], self.server)
+        self.port = self.server.add_insecure_port(f"{settings.host}:{settings.port}")
+        self._stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> TargetServer:
+        if self.settings.shm_dir:
+            shm_transport.sweep(self.settings.shm_dir)
+            self._sweeper = threading.Thread(target=self._sweep_loop, name="shm-sweeper", daemon=True)
+            self._sweeper.start()
+        self.server.start()
+        for name in ("", SERVICE):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("target serving", extra={"port": self.port, "model_id": self.info.model_id,
+                                          "layers": str(self.info.layer_ids)})
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        """Drain: refuse new calls, let calls in flight finish within ``grace`` seconds, stop the batcher."""
+        grace = self.settings.drain_seconds if grace is None else grace
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+        self.batcher.close(timeout=grace + 5)
+        self._stop.set()
+        log.info("target stopped")
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.wait(self.settings.shm_sweep_seconds):
+            self._sweep()
+
+    def _sweep(self) -> None:
+        try:
+            shm_transport.sweep(self.settings.shm_dir)
+        except OSError:
+            log.exception("shared-memory sweep failed")
+
+    # ------------------------------------------------------------------ RPCs
+
+    def get_model_info(self, request, context) -> pb.ModelInfo:
+        return info_message(self.info)
+
+    def _parse(self, request: pb.HiddenStatesRequest):
+        sequences = unpack_tokens(request)
+        numbers = list(request.sequence_numbers) or list(range(len(sequences)))
+        layers = resolve_layers(self.info, list(request.layer_ids))
+        validate_sequences(self.info, sequences, numbers)
+        segment = None
+        if request.HasField("shm"):
+            if not self.settings.shm_dir:
+                raise InvalidInput("shared memory is disabled on this target")
+            need = sum(len(s) for s in sequences) * len(layers) * self.info.hidden_size * self.itemsize
+            if request.shm.size < need:
+                raise InvalidInput(f"shared-memory segment of {request.shm.size} bytes cannot hold {need} bytes")
+            segment = shm_transport.open_segment(self.settings.shm_dir, request.shm.name, need)
+        return sequences, layers, segment
+
+    def hidden_states(self, request: pb.HiddenStatesRequest, context):
+        try:
+            sequences, layers, segment = self._parse(request)
+        except (InvalidInput, CodecError, ValueError) as exc:
+            metrics.INVALID.inc()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            futures = self.batcher.submit(sequences, layers)
+        except QueueFull as exc:
+            if segment:
+                segment.close()
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except BatcherClosed as exc:
+            if segment:
+                segment.close()
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        state = {"done": False}
+
+        def finished():
+            for fut in futures:
+                fut.cancel()
+            if segment is not None and not state["done"]:  # the caller went away: reclaim dead clients' memory
+                threading.Thread(target=self._sweep, daemon=True).start()
+
+        context.add_callback(finished)
+        try:
+            offset = 0
+            for index, fut in enumerate(futures):
+                try:
+                    states = fut.result()
+                except CancelledError:
+                    return
+                except Exception as exc:  # noqa: BLE001
+                    context.abort(grpc.StatusCode.INTERNAL, f"forward failed: {exc}")
+                if segment is not None:
+                    n = segment.write(offset, states)
+                    yield encode_chunk(pb.HiddenStatesChunk(
+                        sequence=index, dtype=dtype_name(states.dtype), shape=list(states.shape), total_bytes=n,
+                        last=True, in_shm=True, shm_offset=offset))
+                    offset += n
+                    metrics.SENT_BYTES.labels("shm").inc(n)
+                else:
+                    yield from tensor_chunks(index, states, self.settings.chunk_bytes)
+                    metrics.SENT_BYTES.labels("grpc").inc(states.numel() * states.element_size())
+            state["done"] = True
+        finally:
+            if segment is not None:
+                segment.close()

@@ -1,0 +1,39 @@
+"""Run the target service: load the model, start the gRPC server and metrics, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from dfp_shared.metrics import start_metrics_server
+from dfp_shared.models import load_causal_lm, local_model_dir
+from dfp_shared.target_local import build_model_info
+
+from .server import TargetServer
+from .settings import TargetSettings
+
+log = logging.getLogger(__name__)
+
+
+def build(settings: TargetSettings) -> TargetServer:
+    """Load the checkpoint (bf16 on CUDA, fp32 on CPU by default) and build a server around it."""
+    path = local_model_dir(settings.model, endpoint_url=settings.s3_endpoint_url)
+    model = load_causal_lm(str(path), device=settings.device, dtype=settings.dtype)
+    info = build_model_info(model, path, model_id=settings.model_id or None, layer_ids=settings.layer_ids or None,
+                            max_tokens_per_request=settings.max_tokens_per_request,
+                            max_message_bytes=settings.max_message_bytes)
+    return TargetServer(settings, info, model=model)
+
+
+def serve(settings: TargetSettings) -> None:
+    """Serve until SIGTERM or SIGINT, then drain."""
+    server = build(settings).start()
+    start_metrics_server(settings.metrics_port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"target listening on port {server.port}", flush=True)
+    stop.wait()
+    log.info("draining", extra={"grace_s": settings.drain_seconds})
+    server.stop()

@@ -161,6 +161,17 @@ class TaskQueue:
         pipe.hdel(self.errors_key, task.id)
         pipe.execute()
 
+    def ack_many(self, tasks: list[Task]) -> None:
+        """Ack a batch of finished tasks in one round trip."""
+        if not tasks:
+            return
+        ids = [t.id for t in tasks]
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xack(self.stream, self.group, *ids)
+        pipe.xdel(self.stream, *ids)
+        pipe.hdel(self.errors_key, *ids)
+        pipe.execute()
+
     def release(self, task: Task) -> None:
         """Give a task back now (e.g. on shutdown): it becomes reclaimable by any consumer at once."""
         self._call(self.r.xclaim, self.stream, self.group, task.consumer, 0, [task.id],

@@ -1,0 +1,37 @@
+# Two commands on a fresh machine with Python 3.10+:
+#   make demo   - the whole pipeline end to end on the CPU with a tiny model
+#   make test   - lint and the full test suite (starts the servers it needs)
+# Both create .venv and install the project into it first (no root needed).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint install protos bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dflash-pipeline demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check services tests
+
+test: lint
+	$(BIN)/python -m pytest -q --durations=15 tests
+
+protos: $(STAMP)
+	$(BIN)/python -m dfp_shared.protogen
+
+bench: $(STAMP)
+	@for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache dflash-data demo-output

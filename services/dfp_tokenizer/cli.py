@@ -1,8 +1,79 @@
-"""Command-line entry points of the tokenizer service."""
+"""Command-line entry points of the tokenizer service (wiring only; logic lives in the modules)."""
+
+from __future__ import annotations
+
+import json
 
 import click
+from dfp_shared.cli_support import common_options, settings_or_exit
+
+
+def pool_options(fn):
+    opts = [
+        click.option("--processes", default=None, help="Worker processes: 'auto' (one per core) or N [env DFLASH_PROCESSES]."),
+        click.option("--threads", type=int, default=None, help="Task threads per process [env DFLASH_THREADS]."),
+        click.option("--lease-ms", type=int, default=None, help="Task lease in ms [env DFLASH_LEASE_MS]."),
+        click.option("--cache-dir", default=None, help="Cache for tokenizers on object storage [env DFLASH_CACHE_DIR]."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
 
 
 @click.group(name="tokenizer")
 def group():
-    """tokenizer service commands."""
+    """Tokenization worker pool: completions to loss-masked token shards."""
+
+
+@group.command()
+@common_options
+@pool_options
+@click.option("--idle-exit-s", type=float, default=None, help="Exit after this many idle seconds (default: never).")
+def worker(idle_exit_s, **flags):
+    """Consume tokenize tasks (plan, files, finalize) with one process per core."""
+    from dfp_shared.metrics import start_metrics_server
+
+    from .pool import Pool, run_process
+    from .settings import TokenizerSettings
+
+    settings = settings_or_exit(TokenizerSettings, "tokenizer", **flags)
+    n = settings.process_count()
+    if n == 1:
+        start_metrics_server(settings.metrics_port)
+        run_process(settings, idle_exit_s=idle_exit_s)
+        return
+    Pool(settings, n, idle_exit_s=idle_exit_s).run()
+
+
+@group.command()
+@common_options
+@pool_options
+@click.option("--input", "input_", required=True, help="Completion JSONL file or prefix (file://, s3:// or a path).")
+@click.option("--output", required=True, help="Dataset prefix for shards, manifest, stats and errors.")
+@click.option("--tokenizer", "tokenizer", required=True, help="Hugging Face tokenizer directory (local or s3://).")
+@click.option("--thinking/--no-thinking", default=None, help="Thinking mode of the chat template.")
+@click.option("--train-reasoning/--no-train-reasoning", default=None, help="Train the reasoning tokens.")
+@click.option("--train-turns", type=click.Choice(["all", "last"]), default=None, help="Assistant turns to train.")
+@click.option("--max-length", type=int, default=None, help="Longest sample in tokens.")
+@click.option("--truncation", type=click.Choice(["drop", "truncate"]), default=None, help="Policy over max-length.")
+@click.option("--spec-json", default=None, help="Further TokenizeSpec fields as a JSON object.")
+def run(input_, output, tokenizer, thinking, train_reasoning, train_turns, max_length, truncation, spec_json, **flags):
+    """Submit a tokenize job to Redis and run the worker pool here until it ends, with a progress bar."""
+    from pydantic import ValidationError
+
+    from .local import run_job
+    from .settings import TokenizerSettings
+
+    settings = settings_or_exit(TokenizerSettings, "tokenizer", **flags)
+    spec = {k: v for k, v in dict(input=input_, output=output, tokenizer=tokenizer, thinking=thinking,
+                                 train_reasoning=train_reasoning, train_turns=train_turns, max_length=max_length,
+                                 truncation=truncation).items() if v is not None}
+    try:
+        spec.update(json.loads(spec_json) if spec_json else {})
+        rec = run_job(settings, spec)
+    except (ValueError, ValidationError) as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(json.dumps({"job_id": rec.id, "state": rec.state.value, "error": rec.error, "outputs": rec.outputs,
+                           "counters": rec.counters}, indent=1))
+    if rec.state.value != "succeeded":
+        raise SystemExit(1)

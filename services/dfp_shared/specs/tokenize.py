@@ -1,8 +1,16 @@
-"""Spec of a ``tokenize`` job (owned by the tokenizer service)."""
+"""Spec of a ``tokenize`` job (owned by the tokenizer service).
+
+Masking semantics: the loss mask covers what the assistant generated after the template's
+generation prompt (``add_generation_prompt=True``): its reasoning block (``<think>...</think>``
+where the template renders one), its content, any tool calls, and the end-of-turn token that
+stops it. System, user and tool turns and the template's role headers are never trained.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ._common import StorageUri
 
@@ -10,6 +18,30 @@ from ._common import StorageUri
 class TokenizeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    input: StorageUri = Field(description="Prefix of completion JSONL files.")
+    input: StorageUri = Field(description="Prefix of completion JSONL files (.jsonl or .jsonl.gz), or one such file.")
     output: StorageUri = Field(description="Dataset prefix: shards, manifest, stats and errors go here.")
     tokenizer: StorageUri = Field(description="Hugging Face tokenizer directory (local or object storage).")
+    thinking: bool = Field(
+        True, description="Render in thinking mode (enable_thinking=true); false drops reasoning from assistant turns "
+                          "and uses the template's non-thinking generation prompt.")
+    train_reasoning: bool = Field(
+        True, description="Train the reasoning block of assistant turns; false trains only content and end-of-turn.")
+    train_turns: Literal["all", "last"] = Field(
+        "all", description="Train every assistant turn, or only the last one of each conversation.")
+    max_length: int | None = Field(
+        None, ge=8, description="Longest sample in tokens (after the chat template); None = no limit.")
+    truncation: Literal["drop", "truncate"] = Field(
+        "drop", description="Sample over max_length: drop it (reported as too_long in the errors file) or keep its "
+                            "first max_length tokens (dropped if no trained token is left).")
+    chat_template: str | None = Field(
+        None, description="Jinja chat template that replaces the tokenizer's own (None = the tokenizer's).")
+    template_kwargs: dict = Field(
+        default_factory=dict, description="Extra variables passed to the chat template (enable_thinking is set from "
+                                          "`thinking`).")
+    samples_per_batch: int = Field(256, ge=1, le=65536, description="Samples tokenized per encode_batch call.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TokenizeSpec:
+        if "enable_thinking" in self.template_kwargs:
+            raise ValueError("set thinking mode with `thinking`, not template_kwargs.enable_thinking")
+        return self

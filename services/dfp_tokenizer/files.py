@@ -1,0 +1,148 @@
+"""One input file to one token shard: read lines, parse, render, tokenize in batches, write.
+
+The result holds the encoded shard (``dfp_shared.token_shards`` format), its manifest entry,
+the bad lines (file, line, reason) and the file's statistics, which the job's finalize step
+merges into ``stats.json``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import re
+import zlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from dfp_shared.token_shards import encode_shard, shard_entry
+
+from .encoder import Encoded, Prepared, SampleEncoder
+from .records import SampleError, parse_line
+
+INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".ndjson")
+# sample length histogram: bucket i counts lengths in [EDGES[i], EDGES[i+1])
+HIST_EDGES = [0] + [2**k for k in range(5, 18)] + [2**62]
+
+
+class FileUnreadable(Exception):
+    """The whole file cannot be read (missing, corrupt compression): the task fails and is retried."""
+
+
+def shard_name(rel_key: str) -> str:
+    """Deterministic shard name of an input key: readable stem plus a hash of the full key."""
+    stem = rel_key
+    for suffix in INPUT_SUFFIXES:
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem.replace("/", "--")).strip("._-")[-80:] or "input"
+    return f"{stem}-{hashlib.sha1(rel_key.encode()).hexdigest()[:8]}"
+
+
+def read_lines(data: bytes, uri: str) -> list[bytes]:
+    if uri.endswith(".gz") or data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise FileUnreadable(f"{uri}: not a readable gzip file ({exc})") from None
+    return data.split(b"\n")
+
+
+@dataclass
+class FileStats:
+    lines: int = 0
+    samples: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    truncated: int = 0
+    errors: Counter = field(default_factory=Counter)
+    histogram: list[int] = field(default_factory=lambda: [0] * (len(HIST_EDGES) - 1))
+    max_length: int = 0
+
+    def to_dict(self) -> dict:
+        return {"lines": self.lines, "samples": self.samples, "tokens": self.tokens,
+                "trained_tokens": self.trained_tokens, "truncated": self.truncated,
+                "bad_lines": sum(self.errors.values()), "errors": dict(self.errors),
+                "length_histogram": self.histogram, "max_length": self.max_length}
+
+
+@dataclass
+class FileResult:
+    shard: bytes
+    entry: dict
+    errors: list[dict]
+    stats: FileStats
+
+
+def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder, *, id_prefix: str,
+                  check: Callable[[], None] | None = None) -> FileResult:
+    """Tokenize every line of one input file (bytes) into one shard.
+
+    ``id_prefix`` names samples without an ``id`` (``<id_prefix>:<line>``); ``check`` is called
+    between batches (raises to abandon the file, e.g. on cancel).
+    """
+    stats = FileStats()
+    errors: list[dict] = []
+    ids_out: list[str] = []
+    tokens_out: list[np.ndarray] = []
+    masks_out: list[np.ndarray] = []
+    lengths: list[int] = []
+    batch: list[Prepared] = []
+    batch_lines: list[int] = []
+
+    def bad(lineno: int, exc: SampleError) -> None:
+        stats.errors[exc.reason] += 1
+        errors.append({"file": uri, "line": lineno, "reason": exc.reason, "detail": exc.detail,
+                       **({"id": exc.sample_id} if exc.sample_id else {})})
+
+    def flush() -> None:
+        for lineno, res in zip(batch_lines, encoder.encode(batch)):
+            if isinstance(res, SampleError):
+                bad(lineno, res)
+                continue
+            _keep(res)
+        batch.clear()
+        batch_lines.clear()
+        if check:
+            check()
+
+    def _keep(res: Encoded) -> None:
+        ids_out.append(res.sample_id)
+        tokens_out.append(res.ids)
+        masks_out.append(res.mask)
+        lengths.append(len(res.ids))
+        stats.trained_tokens += int(res.mask.sum())
+        stats.truncated += int(res.truncated)
+
+    for lineno, line in enumerate(read_lines(data, uri), start=1):
+        if not line.strip():
+            continue
+        stats.lines += 1
+        try:
+            sample = parse_line(line, f"{id_prefix}:{lineno}")
+            batch.append(encoder.prepare(sample))
+            batch_lines.append(lineno)
+        except SampleError as exc:
+            bad(lineno, exc)
+            continue
+        if len(batch) >= encoder.spec.samples_per_batch:
+            flush()
+    flush()
+
+    stats.samples = len(ids_out)
+    stats.tokens = int(sum(lengths))
+    if lengths:
+        counts, _ = np.histogram(np.asarray(lengths), bins=HIST_EDGES)
+        stats.histogram = [int(c) for c in counts]
+        stats.max_length = int(max(lengths))
+    meta = {"tokenizer_fingerprint": encoder.tokenizer_fingerprint,
+            "chat_template_fingerprint": encoder.chat_template_fingerprint, "source": uri}
+    shard = encode_shard(ids_out, tokens_out, masks_out, meta)
+    return FileResult(shard, shard_entry(shard_key, shard), errors, stats)
+
+
+def errors_jsonl(errors: list[dict]) -> bytes:
+    return "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in errors).encode()

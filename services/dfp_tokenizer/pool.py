@@ -1,0 +1,129 @@
+"""The worker pool: N processes (one per core by default), each running a few task threads.
+
+The parent forks the processes before anything loads a tokenizer (the Rust tokenizer's thread
+pool is not fork-safe), restarts a process that dies (OOM kill, SIGKILL: its task is reclaimed by
+another consumer once its lease runs out), and forwards SIGTERM/SIGINT: each process finishes the
+tasks in hand, then exits. In a process, each thread is a :class:`~dfp_shared.worker.Worker`
+with its own consumer name, so one thread's download or upload overlaps another's tokenization.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from dfp_shared.jobs import JobStore
+from dfp_shared.queue import TaskQueue
+from dfp_shared.redis_conn import connect
+from dfp_shared.worker import Worker
+
+from .settings import TokenizerSettings
+from .tasks import KIND, EncoderCache, TokenizeHandler
+
+log = logging.getLogger(__name__)
+
+
+def run_process(settings: TokenizerSettings, *, idle_exit_s: float | None = None, slot: int = 0) -> int:
+    """Consume tokenize tasks with ``settings.threads`` threads until signalled (or idle). Returns tasks done."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    r = connect(settings.redis_url)
+    queue = TaskQueue(r, KIND, lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
+    jobs = JobStore(r)
+    handler = TokenizeHandler(r, EncoderCache(settings.s3_endpoint_url, settings.cache_dir), settings.s3_endpoint_url)
+    host = socket.gethostname()
+    workers = [Worker(queue, jobs, handler, consumer=f"{host}-{os.getpid()}-{t}") for t in range(settings.threads)]
+    stopping = threading.Event()
+
+    def on_signal(signum, _frame):
+        for w in workers:
+            if stopping.is_set():
+                w.abort.set()
+            w.stopping.set()
+        stopping.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    threads = [threading.Thread(target=w.run, kwargs={"idle_exit_s": idle_exit_s}, name=f"tokenize-{slot}-{i}")
+               for i, w in enumerate(workers)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        for t in threads:
+            t.join(0.2)
+    log.info("tokenizer process exiting", extra={"slot": slot, "tasks": sum(w.tasks_done for w in workers)})
+    return sum(w.tasks_done for w in workers)
+
+
+def _child(settings_json: str, slot: int, idle_exit_s: float | None) -> None:
+    from dfp_shared.logs import setup_logging
+
+    settings = TokenizerSettings.model_validate_json(settings_json)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into one SIGTERM
+    setup_logging(settings.log_level, settings.log_json, service="tokenizer")
+    run_process(settings, idle_exit_s=idle_exit_s, slot=slot)
+
+
+class Pool:
+    """Start, watch, restart and stop the worker processes."""
+
+    def __init__(self, settings: TokenizerSettings, processes: int, *, idle_exit_s: float | None = None):
+        self.settings = settings
+        self.processes = processes
+        self.idle_exit_s = idle_exit_s
+        self.ctx = mp.get_context("fork")
+        self.children: dict[int, mp.Process] = {}
+        self.restarts = 0
+        self.stopping = False
+
+    def _start(self, slot: int) -> None:
+        p = self.ctx.Process(target=_child, args=(self.settings.model_dump_json(), slot, self.idle_exit_s),
+                             name=f"dflash-tokenizer-{slot}", daemon=False)
+        p.start()
+        self.children[slot] = p
+        log.info("tokenizer process started", extra={"slot": slot, "pid": p.pid})
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.children.values() if p.is_alive()]
+
+    def stop(self) -> None:
+        self.stopping = True
+        for p in self.children.values():
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+
+    def run(self, tick: Callable[[], bool] | None = None, tick_s: float = 0.25) -> int:
+        """Run until every process has exited. ``tick()`` is called periodically; True stops the pool."""
+        def on_signal(signum, _frame):
+            if self.stopping:
+                for p in self.children.values():
+                    if p.is_alive():
+                        os.kill(p.pid, signal.SIGKILL)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        for slot in range(self.processes):
+            self._start(slot)
+        while self.children:
+            time.sleep(tick_s)
+            if tick and not self.stopping and tick():
+                self.stop()
+            for slot, p in list(self.children.items()):
+                if p.is_alive():
+                    continue
+                p.join()
+                del self.children[slot]
+                if p.exitcode != 0 and not self.stopping:
+                    log.error("tokenizer process died; starting it again",
+                              extra={"slot": slot, "pid": p.pid, "exitcode": p.exitcode})
+                    self.restarts += 1
+                    time.sleep(self.settings.restart_delay_s)
+                    self._start(slot)
+        return self.restarts

@@ -1,0 +1,137 @@
+"""Input records: one JSON object per line, normalised into chat messages.
+
+Accepted shapes (DESIGN.md's completion record plus the common public ones):
+
+* ``{"id", "messages": [{"role", "content", "reasoning_content"?}], "meta"}`` (the completion record);
+* ``{"conversations": [{"role", "content"}]}`` or ``{"conversations": [{"from", "value"}]}`` (ShareGPT:
+  ``human``/``gpt``/``system``/``function_call``/``observation``);
+* content given as a list of ``{"type": "text", "text": ...}`` parts;
+* reasoning given as ``reasoning_content``, ``reasoning`` or ``thinking``, or inline as
+  ``<think>...</think>`` at the start of an assistant's content (split off here, as Qwen3's
+  template would, so that every template sees it in ``reasoning_content``).
+
+A line that cannot be used raises :class:`SampleError` with a reason code; the file loop counts
+reasons and writes them, with file and line, to the errors file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+ROLE_ALIASES = {
+    "user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",
+    "model": "assistant", "bot": "assistant", "chatgpt": "assistant", "tool": "tool", "function": "tool",
+    "observation": "tool", "ipython": "tool", "function_call": "assistant",
+}
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
+PASSTHROUGH_FIELDS = ("tool_calls", "name", "tool_call_id")
+
+# reason codes (also the keys of the errors-by-reason counters)
+MALFORMED_JSON = "malformed_json"
+NOT_AN_OBJECT = "not_an_object"
+NO_MESSAGES = "no_messages"
+EMPTY_CONVERSATION = "empty_conversation"
+BAD_MESSAGE = "bad_message"
+UNKNOWN_ROLE = "unknown_role"
+NO_ASSISTANT_TURN = "no_assistant_turn"
+TOO_LONG = "too_long"
+NO_TRAINABLE_TOKENS = "no_trainable_tokens"
+TEMPLATE_ERROR = "template_error"
+TEMPLATE_ALIGNMENT = "template_alignment"
+
+
+class SampleError(ValueError):
+    """A sample that cannot be used: ``reason`` is a stable code, the message says why."""
+
+    def __init__(self, reason: str, detail: str, sample_id: str | None = None):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.sample_id = sample_id
+
+
+@dataclass
+class Sample:
+    id: str
+    messages: list[dict]
+    """Normalised messages: role, content (str), reasoning (str | None), plus pass-through fields."""
+
+
+def _text(value, where: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for part in value:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise SampleError(BAD_MESSAGE, f"{where}: only text content parts are supported, got {str(part)[:80]!r}")
+        return "".join(parts)
+    raise SampleError(BAD_MESSAGE, f"{where}: content must be a string or a list of text parts, got {type(value).__name__}")
+
+
+def split_inline_reasoning(content: str) -> tuple[str | None, str]:
+    """``"<think>r</think>c"`` -> ``("r", "c")`` the way Qwen3's template splits it; no ``</think>``: (None, content)."""
+    if "</think>" not in content:
+        return None, content
+    parts = content.split("</think>")
+    reasoning = parts[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+    return reasoning, parts[-1].lstrip("\n")
+
+
+def normalise_message(raw, index: int) -> dict:
+    where = f"message {index}"
+    if not isinstance(raw, dict):
+        raise SampleError(BAD_MESSAGE, f"{where}: expected an object, got {type(raw).__name__}")
+    role_raw = raw.get("role", raw.get("from"))
+    if not isinstance(role_raw, str):
+        raise SampleError(BAD_MESSAGE, f"{where}: no 'role' (or 'from') field")
+    role = ROLE_ALIASES.get(role_raw.strip().lower())
+    if role is None:
+        raise SampleError(UNKNOWN_ROLE, f"{where}: unknown role {role_raw!r}")
+    content = _text(raw["content"] if "content" in raw else raw.get("value"), where)
+    reasoning = None
+    for name in REASONING_FIELDS:
+        if raw.get(name) is not None:
+            reasoning = _text(raw[name], f"{where}.{name}")
+            break
+    if role == "assistant" and reasoning is None:
+        reasoning, content = split_inline_reasoning(content)
+    msg = {"role": role, "content": content, "reasoning": reasoning if role == "assistant" else None}
+    for name in PASSTHROUGH_FIELDS:
+        if raw.get(name) is not None:
+            msg[name] = raw[name]
+    return msg
+
+
+def parse_line(line: bytes | str, default_id: str) -> Sample:
+    """Parse one JSONL line into a :class:`Sample` (raises :class:`SampleError`)."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SampleError(MALFORMED_JSON, f"not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise SampleError(NOT_AN_OBJECT, f"expected a JSON object, got {type(obj).__name__}")
+    sid = obj.get("id")
+    sid = str(sid) if sid is not None and sid != "" else default_id
+    raw_msgs = obj.get("messages", obj.get("conversations", obj.get("conversation")))
+    if raw_msgs is None:
+        raise SampleError(NO_MESSAGES, "no 'messages' or 'conversations' field", sid)
+    if not isinstance(raw_msgs, list):
+        raise SampleError(BAD_MESSAGE, f"'messages' must be a list, got {type(raw_msgs).__name__}", sid)
+    if not raw_msgs:
+        raise SampleError(EMPTY_CONVERSATION, "the conversation has no messages", sid)
+    try:
+        messages = [normalise_message(m, i) for i, m in enumerate(raw_msgs)]
+    except SampleError as exc:
+        exc.sample_id = sid
+        raise
+    if not any(m["role"] == "assistant" for m in messages):
+        raise SampleError(NO_ASSISTANT_TURN, "the conversation has no assistant turn", sid)
+    return Sample(sid, messages)

@@ -1,0 +1,199 @@
+"""Task handlers of a tokenize job: plan -> one task per input file -> finalize.
+
+* ``plan`` lists the input files, writes ``parts/_plan.json``, sets the totals and queues one
+  task per file (key = the file's key, so a redelivery overwrites instead of duplicating).
+* a file task downloads the file, tokenizes it, uploads ``shards/<name>.safetensors``,
+  ``errors/<name>.jsonl`` (if any line was bad) and ``parts/<name>.json`` (manifest entry and
+  statistics), then counts the file exactly once; the worker that counts the last file queues
+  ``finalize``.
+* ``finalize`` merges the parts into ``stats.json`` and ``manifest.json`` (written last: its
+  presence means the dataset is complete) and finishes the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from pathlib import Path
+
+from dfp_shared.jobs import JobStore
+from dfp_shared.queue import Task, TaskQueue
+from dfp_shared.specs.tokenize import TokenizeSpec
+from dfp_shared.storage import NotFound, ObjectStore, open_store, split_uri
+from dfp_shared.submit import PLAN_KEY, finish_job
+from dfp_shared.token_shards import MANIFEST, build_manifest
+from dfp_shared.tokenizer_assets import default_cache_dir, load_tokenizer
+from dfp_shared.worker import TaskContext
+
+from .encoder import SampleEncoder
+from .files import HIST_EDGES, INPUT_SUFFIXES, errors_jsonl, shard_name, tokenize_file
+
+log = logging.getLogger(__name__)
+
+KIND = "tokenize"
+FINALIZE_KEY = "finalize"
+PLAN_FILE = "parts/_plan.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "config.json",
+                   "tokenizer.model", "generation_config.json")
+
+
+class EncoderCache:
+    """Tokenizers and encoders of this process, loaded once on first use (after fork)."""
+
+    def __init__(self, endpoint_url: str | None = None, cache_dir: str | None = None):
+        self.endpoint_url = endpoint_url
+        self.cache_dir = (Path(cache_dir) if cache_dir else default_cache_dir()) / "tokenizers"
+        self._tokenizers: dict[str, object] = {}
+        self._encoders: dict[str, SampleEncoder] = {}
+        self._lock = threading.Lock()
+
+    def tokenizer_dir(self, uri: str) -> Path:
+        if not uri.startswith("s3://"):
+            return Path(uri[len("file://"):] if uri.startswith("file://") else uri)
+        dest = self.cache_dir / hashlib.sha1(uri.encode()).hexdigest()[:16]
+        store = open_store(uri, endpoint_url=self.endpoint_url)
+        keys = [k for k in store.list("") if "/" not in k and k in TOKENIZER_FILES]
+        if "tokenizer.json" not in keys and "tokenizer_config.json" not in keys:
+            raise NotFound(f"{uri}: no tokenizer.json / tokenizer_config.json (not a Hugging Face tokenizer directory)")
+        store.download_many(keys, dest)
+        return dest
+
+    def encoder(self, spec: TokenizeSpec) -> SampleEncoder:
+        key = spec.model_dump_json(exclude={"input", "output", "samples_per_batch"})
+        with self._lock:
+            if key not in self._encoders:
+                if spec.tokenizer not in self._tokenizers:
+                    path = self.tokenizer_dir(spec.tokenizer)
+                    try:
+                        self._tokenizers[spec.tokenizer] = load_tokenizer(path)
+                    except Exception as exc:  # noqa: BLE001 - name the directory in the error
+                        raise ValueError(f"{spec.tokenizer}: cannot load the tokenizer ({type(exc).__name__}: {exc})") from None
+                self._encoders[key] = SampleEncoder(self._tokenizers[spec.tokenizer], spec)
+            return self._encoders[key]
+
+
+class TokenizeHandler:
+    """``handler(task, ctx)`` for the shared :class:`~dfp_shared.worker.Worker` loop."""
+
+    def __init__(self, r, encoders: EncoderCache, endpoint_url: str | None = None):
+        self.r = r
+        self.jobs = JobStore(r)
+        self.encoders = encoders
+        self.endpoint_url = endpoint_url
+
+    def __call__(self, task: Task, ctx: TaskContext) -> None:
+        spec = TokenizeSpec.model_validate(self.jobs.get(task.job_id).spec)
+        if task.key == PLAN_KEY:
+            self.plan(task, spec, ctx.queue)
+        elif task.key == FINALIZE_KEY:
+            self.finalize(task, spec)
+        else:
+            self.file(task, spec, ctx)
+
+    def _store(self, uri: str) -> ObjectStore:
+        return open_store(uri, endpoint_url=self.endpoint_url)
+
+    # plan
+
+    def list_inputs(self, uri: str) -> list[tuple[str, str]]:
+        """(file URI, key relative to the input prefix) of every input file, sorted."""
+        if uri.endswith(INPUT_SUFFIXES):
+            root, key = split_uri(uri)
+            if self._store(root).exists(key):
+                return [(uri, key.rsplit("/", 1)[-1])]
+        store = self._store(uri)
+        return [(store.url(k), k) for k in store.list("") if k.endswith(INPUT_SUFFIXES)]
+
+    def plan(self, task: Task, spec: TokenizeSpec, queue: TaskQueue) -> None:
+        inputs = self.list_inputs(spec.input)
+        if not inputs:
+            finish_job(self.r, task.job_id, "failed",
+                       error=f"no input files ({', '.join(INPUT_SUFFIXES)}) under {spec.input}")
+            return
+        self.encoders.encoder(spec)  # fail early on a tokenizer that does not load or has no template
+        files = [{"file": uri, "rel": rel, "name": shard_name(rel)} for uri, rel in inputs]
+        names = [f["name"] for f in files]
+        if len(set(names)) != len(names):
+            raise ValueError("two input files map to the same shard name")
+        self._store(spec.output).put(PLAN_FILE, json.dumps({"files": files}, indent=1).encode())
+        self.jobs.set_totals(task.job_id, files=len(files), tasks=len(files) + 2)
+        queue.enqueue_many(task.job_id, [(f["rel"], f) for f in files])
+        self.jobs.complete_task(task.job_id, PLAN_KEY)
+        self.jobs.emit(task.job_id, "planned", {"files": len(files)})
+        log.info("tokenize job planned", extra={"job_id": task.job_id, "files": len(files)})
+
+    # one file
+
+    def file(self, task: Task, spec: TokenizeSpec, ctx: TaskContext) -> None:
+        encoder = self.encoders.encoder(spec)
+        uri, name = task.payload["file"], task.payload["name"]
+        root, key = split_uri(uri)
+        data = self._store(root).get(key)
+        ctx.check()
+        res = tokenize_file(data, uri, f"shards/{name}.safetensors", encoder, id_prefix=task.payload["rel"],
+                            check=ctx.check)
+        out = self._store(spec.output)
+        uploads = [(f"shards/{name}.safetensors", res.shard)]
+        if res.errors:
+            uploads.append((f"errors/{name}.jsonl", errors_jsonl(res.errors)))
+        out.put_many(uploads, max_workers=2)
+        part = {"file": uri, "name": name, "entry": res.entry, "stats": res.stats.to_dict()}
+        out.put(f"parts/{name}.json", json.dumps(part).encode())  # last: the file is done
+        s = res.stats
+        self.jobs.complete_task(task.job_id, task.key, files=1, samples=s.samples, tokens=s.tokens,
+                                trained_tokens=s.trained_tokens, bad_lines=sum(s.errors.values()))
+        if res.errors:
+            self.jobs.emit(task.job_id, "bad_lines", {"file": uri, "errors": dict(s.errors)})
+        rec = self.jobs.get(task.job_id)
+        if rec.counters.get("files", 0) >= rec.totals.get("files", float("inf")):
+            ctx.queue.enqueue(task.job_id, FINALIZE_KEY, {})
+
+    # finalize
+
+    def finalize(self, task: Task, spec: TokenizeSpec) -> None:
+        out = self._store(spec.output)
+        files = json.loads(out.get(PLAN_FILE))["files"]
+        parts = [json.loads(data) for _, data in out.get_many([f"parts/{f['name']}.json" for f in files])]
+        manifest = build_manifest([p["entry"] for p in parts])
+        stats = merge_stats(parts, manifest)
+        out.put("stats.json", json.dumps(stats, indent=1).encode())
+        out.put(MANIFEST, json.dumps(manifest, indent=1).encode())
+        self.jobs.complete_task(task.job_id, FINALIZE_KEY)
+        if manifest["num_samples"] == 0:
+            finish_job(self.r, task.job_id, "failed", outputs={"stats": out.url("stats.json")},
+                       error=f"no usable samples in {len(files)} files ({stats['bad_lines']} bad lines; "
+                             f"see {out.url('errors/')})")
+            return
+        finish_job(self.r, task.job_id, "succeeded", outputs={
+            "dataset": out.uri, "manifest": out.url(MANIFEST), "stats": out.url("stats.json"),
+            "samples": manifest["num_samples"], "tokens": manifest["num_tokens"], "bad_lines": stats["bad_lines"]})
+        log.info("tokenize job finished", extra={"job_id": task.job_id, "samples": manifest["num_samples"],
+                                                 "tokens": manifest["num_tokens"], "bad_lines": stats["bad_lines"]})
+
+
+def merge_stats(parts: list[dict], manifest: dict) -> dict:
+    """Dataset statistics from the per-file parts."""
+    hist = [0] * (len(HIST_EDGES) - 1)
+    errors: dict[str, int] = {}
+    totals = {"lines": 0, "truncated": 0, "bad_lines": 0}
+    for p in parts:
+        s = p["stats"]
+        hist = [a + b for a, b in zip(hist, s["length_histogram"])]
+        for reason, n in s["errors"].items():
+            errors[reason] = errors.get(reason, 0) + n
+        for k in totals:
+            totals[k] += s[k]
+    return {
+        "files": len(parts), "samples": manifest["num_samples"], "tokens": manifest["num_tokens"],
+        "trained_tokens": manifest["num_trained_tokens"], **totals, "errors_by_reason": errors,
+        "max_length": max((p["stats"]["max_length"] for p in parts), default=0),
+        "mean_length": manifest["num_tokens"] / manifest["num_samples"] if manifest["num_samples"] else 0.0,
+        "length_histogram": [{"min": HIST_EDGES[i], "max": HIST_EDGES[i + 1], "count": c}
+                             for i, c in enumerate(hist) if c],
+        "error_files": sorted(f"errors/{p['name']}.jsonl" for p in parts if p["stats"]["bad_lines"]),
+        "tokenizer_fingerprint": manifest["tokenizer_fingerprint"],
+        "chat_template_fingerprint": manifest["chat_template_fingerprint"],
+    }

@@ -1,0 +1,224 @@
+"""Exact assistant spans for any chat template, found in characters before the one tokenization.
+
+For a conversation the template is rendered twice, never tokenized:
+
+1. the real conversation, ``text`` (what gets tokenized);
+2. a *skeleton*: the same conversation with each message's text replaced by a unique marker
+   (private-use characters). The markers split the skeleton into the template's own literal
+   pieces ``L0 m1 L1 m2 ... Ln``.
+
+``text`` is then aligned to ``L0 X1 L1 X2 ... Ln``: each ``Xi`` must be the message's text as the
+template printed it (verbatim, or with the whitespace stripping templates do), followed by the
+next literal. That gives the character span of every message, whatever the template does around
+them (Qwen3 dropping earlier turns' reasoning simply leaves those markers out). If a template's
+control flow depends on user text, the skeleton differs from ``text`` and the alignment fails;
+the locator then retries with only the assistant fields replaced, and only then gives up on the
+sample (``template_alignment``) rather than guess.
+
+An assistant turn's generated region starts after the template's generation prompt (the text
+``add_generation_prompt=True`` appends, e.g. ``<|im_start|>assistant\\n``) and ends after the
+end-of-turn token that follows its content (the first special token the template prints after an
+assistant message, e.g. ``<|im_end|>``), so it includes a ``<think>`` block and tool calls.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .records import TEMPLATE_ALIGNMENT, TEMPLATE_ERROR, SampleError
+
+MARKER_CHARS = [("\ue000", "\ue001"), ("\uf8f0", "\uf8f1"), ("\U000f0000", "\U000f0001")]
+PROBE = "\ue002probe\ue003"
+
+
+@dataclass
+class TurnSpan:
+    """Character spans of one assistant turn in the rendered text."""
+
+    message_index: int
+    gen_start: int
+    gen_end: int
+    reasoning: tuple[int, int] | None
+    content: tuple[int, int] | None
+
+
+def _compile(template: str):
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return _compile_jinja_template(template)
+    except ImportError:  # pragma: no cover - older transformers: the same environment, built here
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        return env.from_string(template)
+
+
+def _candidates(value: str) -> list[str]:
+    out = []
+    for c in (value, value.strip("\n"), value.lstrip("\n"), value.rstrip("\n"), value.strip(), value.lstrip(),
+              value.rstrip()):
+        if c not in out:
+            out.append(c)
+    return out
+
+
+class TemplateLocator:
+    """Renders conversations with one chat template and finds each assistant turn's spans."""
+
+    def __init__(self, template: str, special_tokens: dict[str, str], special_token_texts: list[str], *,
+                 thinking: bool = True, template_kwargs: dict | None = None):
+        if not template:
+            raise ValueError("the tokenizer has no chat template (set the job's chat_template)")
+        self.compiled = _compile(template)
+        self.variables = {**special_tokens, **(template_kwargs or {}), "enable_thinking": thinking}
+        self.thinking = thinking
+        self.specials = sorted(set(special_token_texts), key=len, reverse=True)
+        self.generation_prompt = self._probe_generation_prompt()
+        self.end_of_turn = self._probe_end_of_turn()
+
+    # rendering
+
+    def template_messages(self, messages: list[dict], values: dict | None = None) -> list[dict]:
+        """Messages as the template sees them (``values`` overrides (index, field) texts)."""
+        out = []
+        for i, m in enumerate(messages):
+            msg = {k: v for k, v in m.items() if k != "reasoning" and v is not None}
+            msg["content"] = values.get((i, "content"), m["content"]) if values else m["content"]
+            reasoning = m.get("reasoning") if self.thinking else None
+            if reasoning is not None:
+                reasoning = values.get((i, "reasoning"), reasoning) if values else reasoning
+                msg = {"thinking": reasoning, **msg, "reasoning_content": reasoning}
+            out.append(msg)
+        return out
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return self.compiled.render(messages=messages, tools=None, documents=None,
+                                    add_generation_prompt=add_generation_prompt, **self.variables)
+
+    def _probe_generation_prompt(self) -> str:
+        for msgs in ([{"role": "user", "content": PROBE}],
+                     [{"role": "system", "content": PROBE}, {"role": "user", "content": PROBE}]):
+            try:
+                without = self.render(msgs)
+                with_prompt = self.render(msgs, add_generation_prompt=True)
+            except Exception:  # noqa: BLE001 - some templates insist on a system turn
+                continue
+            if with_prompt.startswith(without):
+                return with_prompt[len(without):]
+        return ""
+
+    def _probe_end_of_turn(self) -> str | None:
+        msgs = [{"role": "user", "content": PROBE}, {"role": "assistant", "content": PROBE + "a"}]
+        try:
+            text = self.render(msgs)
+        except Exception:  # noqa: BLE001
+            return None
+        after = text[text.find(PROBE + "a") + len(PROBE) + 1:]
+        best = None
+        for tok in self.specials:
+            k = after.find(tok)
+            if k >= 0 and (best is None or k < best[0]):
+                best = (k, tok)
+        return best[1] if best else None
+
+    # locating
+
+    def locate(self, messages: list[dict]) -> tuple[str, list[TurnSpan]]:
+        """Render ``messages`` once for real and return (text, assistant turn spans in message order)."""
+        try:
+            text = self.render(self.template_messages(messages))
+        except Exception as exc:  # noqa: BLE001 - template raise_exception() and friends
+            raise SampleError(TEMPLATE_ERROR, f"chat template failed: {exc}") from None
+        for only_assistant, strict in ((False, True), (True, True), (True, False)):
+            spans = self._field_spans(messages, text, only_assistant, strict)
+            if spans is not None:
+                return text, self._turns(messages, text, spans)
+        raise SampleError(TEMPLATE_ALIGNMENT, "could not locate the assistant turns in the rendered chat template")
+
+    def _markers(self, messages: list[dict]) -> tuple[str, str]:
+        blob = "".join(m["content"] + (m.get("reasoning") or "") for m in messages)
+        for open_, close in MARKER_CHARS:
+            if open_ not in blob and close not in blob:
+                return open_, close
+        raise SampleError(TEMPLATE_ALIGNMENT, "the sample uses every private-use marker character")
+
+    def _field_spans(self, messages, text, only_assistant: bool, strict: bool) -> dict | None:
+        open_, close = self._markers(messages)
+        fields = []
+        for i, m in enumerate(messages):
+            if only_assistant and m["role"] != "assistant":
+                continue
+            if m["content"]:
+                fields.append((i, "content"))
+            if self.thinking and m["role"] == "assistant" and m.get("reasoning"):
+                fields.append((i, "reasoning"))
+        values = {f: f"{open_}{n}{close}" for n, f in enumerate(fields)}
+        try:
+            skeleton = self.render(self.template_messages(messages, values))
+        except Exception:  # noqa: BLE001
+            return None
+        pieces = re.split(f"{open_}(\\d+){close}", skeleton)
+        literals, order = pieces[0::2], [fields[int(n)] for n in pieces[1::2]]
+        if len(set(order)) != len(order):
+            return None  # a template that prints a text twice: no single span
+        return self._align(text, literals, order, messages, strict)
+
+    @staticmethod
+    def _align(text: str, literals: list[str], order: list, messages: list[dict], strict: bool) -> dict | None:
+        if not text.startswith(literals[0]):
+            return None
+        pos = len(literals[0])
+        spans = {}
+        for n, (i, name) in enumerate(order):
+            value = messages[i][name]
+            lit = literals[n + 1]
+            last = n + 1 == len(order)
+            end = None
+            for c in _candidates(value):
+                e = pos + len(c)
+                if text.startswith(c, pos) and (text[e:] == lit if last else text.startswith(lit, e)):
+                    end = e
+                    break
+            if end is None:
+                if strict:
+                    return None
+                if last:
+                    end = len(text) - len(lit) if text.endswith(lit) and len(text) - len(lit) >= pos else None
+                else:
+                    end = text.find(lit, pos) if lit else None
+                if end is None or end < 0:
+                    return None
+            spans[(i, name)] = (pos, end)
+            pos = end + len(lit)
+        return spans if pos == len(text) else None
+
+    def _turns(self, messages: list[dict], text: str, spans: dict) -> list[TurnSpan]:
+        bounds = sorted(spans.values())
+        turns = []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            r, c = spans.get((i, "reasoning")), spans.get((i, "content"))
+            own = [s for s in (r, c) if s is not None]
+            if not own:
+                continue  # nothing of this turn was printed (or it is empty): not trainable
+            first, last = min(a for a, _ in own), max(b for _, b in own)
+            prev_end = max((b for a, b in bounds if b <= first and (a, b) not in own), default=0)
+            gen_start = first
+            g = self.generation_prompt
+            if g:
+                k = text.rfind(g, prev_end, first)
+                if k >= 0:
+                    gen_start = k + len(g)
+            nxt = min((a for a, b in bounds if a >= last and (a, b) not in own), default=len(text))
+            gen_end = last
+            if self.end_of_turn:
+                k = text.find(self.end_of_turn, last, nxt)
+                if k >= 0:
+                    gen_end = k + len(self.end_of_turn)
+            turns.append(TurnSpan(i, gen_start, gen_end, r, c))
+        return turns
+

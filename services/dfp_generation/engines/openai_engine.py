@@ -1,0 +1,142 @@
+"""The ``openai`` engine: any OpenAI-compatible chat completions server (vLLM, SGLang, ...).
+
+Requests run on an asyncio loop with at most ``concurrency`` in flight (one semaphore over a
+keep-alive connection pool). 429, 5xx, timeouts and connection errors are retried with
+exponential backoff and jitter, honouring ``Retry-After``; other 4xx answers fail the request at
+once. The reasoning is read from the response message's ``reasoning_content`` (or
+``reasoning``), else split from ``<think>`` tags in the content. Thinking mode is passed as
+``chat_template_kwargs.enable_thinking``, which vLLM and SGLang forward to the chat template.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import random
+import time
+
+import httpx
+from prometheus_client import Counter
+
+from .base import Engine, GenRequest, GenResult, ResultCallback, SamplingParams, StopCheck, split_thinking
+
+log = logging.getLogger(__name__)
+
+RETRIES = Counter("dfp_generation_http_retries_total", "Retried OpenAI-API requests", ["reason"])
+
+
+class OpenAIEngine(Engine):
+    name = "openai"
+
+    def __init__(self, base_url: str, model: str, *, concurrency: int = 64, timeout_s: float = 600.0,
+                 max_retries: int = 6, api_key: str | None = None, backoff_base_s: float = 0.5,
+                 backoff_max_s: float = 30.0, extra_body: dict | None = None):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model_name = model
+        self.concurrency = concurrency
+        self.timeout = httpx.Timeout(timeout_s, connect=min(30.0, timeout_s))
+        self.max_retries = max_retries
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.extra_body = extra_body or {}
+
+    def generate(self, requests: list[GenRequest], params: SamplingParams, *, on_result: ResultCallback | None = None,
+                 should_stop: StopCheck | None = None) -> list[GenResult]:
+        return asyncio.run(self.agenerate(requests, params, on_result=on_result, should_stop=should_stop))
+
+    async def agenerate(self, requests: list[GenRequest], params: SamplingParams, *,
+                        on_result: ResultCallback | None = None, should_stop: StopCheck | None = None) -> list[GenResult]:
+        sem = asyncio.Semaphore(self.concurrency)
+        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+        results: list[GenResult] = []
+        stopped = False
+
+        async def one(client: httpx.AsyncClient, req: GenRequest) -> None:
+            nonlocal stopped
+            async with sem:
+                if stopped or (should_stop and should_stop()):
+                    stopped = True
+                    return
+                res = await self._request(client, req, params)
+            results.append(res)
+            if on_result:
+                on_result(res)
+
+        async with httpx.AsyncClient(timeout=self.timeout, limits=limits, headers=self.headers) as client:
+            await asyncio.gather(*(one(client, req) for req in requests))
+        return results
+
+    def body(self, req: GenRequest, params: SamplingParams) -> dict:
+        return {"model": self.model_name, "messages": req.messages, "temperature": params.temperature,
+                "top_p": params.top_p, "max_tokens": params.max_new_tokens, "seed": req.seed, "n": 1,
+                "chat_template_kwargs": {"enable_thinking": params.thinking}, **self.extra_body}
+
+    async def _request(self, client: httpx.AsyncClient, req: GenRequest, params: SamplingParams) -> GenResult:
+        body = self.body(req, params)
+        last_error = ""
+        for attempt in range(self.max_retries + 1):
+            delay = self._backoff(attempt)
+            try:
+                resp = await client.post(self.url, json=body)
+            except httpx.TimeoutException as exc:
+                last_error, reason = f"timeout: {type(exc).__name__}", "timeout"
+            except httpx.TransportError as exc:
+                last_error, reason = f"connection error: {type(exc).__name__}: {exc}", "connection"
+            else:
+                if resp.status_code == 200:
+                    return self._parse(req, resp, attempt + 1)
+                snippet = resp.text[:300].replace("\n", " ")
+                last_error = f"HTTP {resp.status_code}: {snippet}"
+                if resp.status_code != 429 and resp.status_code < 500:
+                    return GenResult(id=req.id, error=last_error, attempts=attempt + 1)
+                reason = str(resp.status_code)
+                retry_after = parse_retry_after(resp.headers.get("retry-after"))
+                if retry_after is not None:
+                    delay = min(retry_after, 300.0)
+            if attempt == self.max_retries:
+                break
+            RETRIES.labels(reason).inc()
+            log.debug("retrying request", extra={"id": req.id, "attempt": attempt + 1, "error": last_error,
+                                                 "delay_s": round(delay, 3)})
+            await asyncio.sleep(delay)
+        return GenResult(id=req.id, error=f"failed after {self.max_retries + 1} attempts; last: {last_error}",
+                         attempts=self.max_retries + 1)
+
+    def _backoff(self, attempt: int) -> float:
+        return min(self.backoff_max_s, self.backoff_base_s * 2 ** attempt) * (0.5 + random.random() / 2)
+
+    def _parse(self, req: GenRequest, resp: httpx.Response, attempts: int) -> GenResult:
+        try:
+            data = resp.json()
+            choice = data["choices"][0]
+            msg = choice.get("message") or {}
+            content = msg.get("content") or ""
+            reasoning = msg.get("reasoning_content")
+            if reasoning is None:
+                reasoning = msg.get("reasoning")
+            if reasoning is None:
+                reasoning, content, _closed = split_thinking(content)
+            usage = data.get("usage") or {}
+            return GenResult(id=req.id, content=content, reasoning=reasoning,
+                             finish_reason=choice.get("finish_reason") or "stop",
+                             prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                             completion_tokens=int(usage.get("completion_tokens") or 0), attempts=attempts)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            return GenResult(id=req.id, error=f"malformed response: {type(exc).__name__}: {exc}", attempts=attempts)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

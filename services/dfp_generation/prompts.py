@@ -1,0 +1,159 @@
+"""Reading prompt sets: JSONL files under a prefix (or one file) in the common public shapes.
+
+Accepted per line (one JSON object):
+
+* ``{"messages": [{"role": ..., "content": ...}, ...]}`` (OpenAI / HF chat format);
+* ``{"conversations": [{"from": "human"|"gpt"|"system", "value": ...}, ...]}`` (ShareGPT), or
+  ``conversations`` with ``role``/``content``;
+* ``{"prompt": "..."}`` (optionally with ``"system": "..."``).
+
+Trailing assistant turns are dropped (the target regenerates them). A prompt's id is its ``id``
+field when present, else ``<file>:<line>``. A line that cannot be read becomes a
+:class:`PromptError` naming the file, the line and the reason; the caller reports and skips it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from dfp_shared.storage import NotFound, ObjectStore, open_store, split_uri
+
+PROMPT_SUFFIXES = (".jsonl", ".json", ".ndjson")
+ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",
+                "bot": "assistant", "chatgpt": "assistant", "system": "system", "tool": "tool", "function": "tool",
+                "observation": "tool"}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    messages: list[dict]
+    file: str
+    line: int
+
+
+@dataclass(frozen=True)
+class PromptError:
+    file: str
+    line: int
+    reason: str
+
+    def to_record(self) -> dict:
+        return {"file": self.file, "line": self.line, "error": self.reason, "kind": "unreadable_prompt"}
+
+
+@dataclass(frozen=True)
+class PromptSource:
+    """Where a prompt set's files live: the store root URI and the file keys in it."""
+
+    root: str
+    keys: list[str]
+
+
+def resolve_prompt_set(uri: str, endpoint_url: str | None = None) -> PromptSource:
+    """The JSONL files of a prompt set: ``uri`` names one file, or a prefix holding JSONL files."""
+    parsed = urlparse(uri)
+    path = parsed.path if parsed.scheme else uri
+    if path.endswith(PROMPT_SUFFIXES):
+        root, key = split_uri(uri)
+        if not open_store(root, endpoint_url=endpoint_url).exists(key):
+            raise NotFound(f"prompt file {uri} does not exist")
+        return PromptSource(root, [key])
+    try:
+        store = open_store(uri, endpoint_url=endpoint_url)
+        keys = [k for k in store.list("") if k.endswith(PROMPT_SUFFIXES)]
+    except (NotADirectoryError, FileExistsError):
+        keys = []
+    if not keys:
+        raise NotFound(f"no prompt files ({', '.join(PROMPT_SUFFIXES)}) under {uri}")
+    return PromptSource(store.uri, keys)
+
+
+def _message(raw, where: str) -> dict:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected an object, got {type(raw).__name__}")
+    role = raw.get("role", raw.get("from"))
+    content = raw.get("content", raw.get("value"))
+    if not isinstance(role, str) or role.lower() not in ROLE_ALIASES:
+        raise ValueError(f"{where}.role: unknown role {role!r}")
+    if isinstance(content, list):  # OpenAI content parts: keep the text parts
+        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text"]
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise ValueError(f"{where}.content: expected a string, got {type(content).__name__}")
+    return {"role": ROLE_ALIASES[role.lower()], "content": content}
+
+
+def parse_prompt(obj, file: str, line: int) -> Prompt:
+    """One prompt from a decoded JSON line; raises ValueError naming the field that is wrong."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    if "messages" in obj or "conversations" in obj:
+        field = "messages" if "messages" in obj else "conversations"
+        turns = obj[field]
+        if not isinstance(turns, list):
+            raise ValueError(f"{field}: expected a list of messages")
+        messages = [_message(m, f"{field}[{i}]") for i, m in enumerate(turns)]
+    elif "prompt" in obj:
+        if not isinstance(obj["prompt"], str):
+            raise ValueError(f"prompt: expected a string, got {type(obj['prompt']).__name__}")
+        messages = [{"role": "user", "content": obj["prompt"]}]
+        if isinstance(obj.get("system"), str) and obj["system"]:
+            messages.insert(0, {"role": "system", "content": obj["system"]})
+    else:
+        raise ValueError("no 'messages', 'conversations' or 'prompt' field")
+    while messages and messages[-1]["role"] == "assistant":
+        messages.pop()
+    if not messages or not any(m["role"] == "user" for m in messages):
+        raise ValueError("no user message to answer")
+    pid = obj.get("id", obj.get("uuid"))
+    pid = str(pid) if pid not in (None, "") else f"{file}:{line}"
+    return Prompt(id=pid, messages=messages, file=file, line=line)
+
+
+def parse_line(raw: bytes | str, file: str, line: int, where: str | None = None) -> Prompt | PromptError | None:
+    """A prompt, an error naming file and line, or None for a blank line.
+
+    ``file`` is the key the default id is derived from; ``where`` (default ``file``) names the
+    file in error reports.
+    """
+    where = where or file
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return PromptError(where, line, f"not UTF-8: {exc.reason} at byte {exc.start}")
+    if not raw.strip():
+        return None
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return PromptError(where, line, f"invalid JSON: {exc.msg} at column {exc.colno}")
+    try:
+        return parse_prompt(obj, file, line)
+    except ValueError as exc:
+        return PromptError(where, line, str(exc))
+
+
+def read_lines(store: ObjectStore, key: str, start: int = 1, end: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw bytes) of ``key`` from line ``start`` (1-based) to ``end`` (exclusive)."""
+    data = store.get(key)
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    stop = len(lines) if end is None else min(len(lines), end - 1)
+    for index in range(max(0, start - 1), stop):
+        yield index + 1, lines[index].rstrip(b"\r")
+
+
+def iter_prompts(store: ObjectStore, key: str, start: int = 1, end: int | None = None
+                 ) -> Iterator[Prompt | PromptError]:
+    """Prompts and unreadable-line errors of one file's line range (blank lines skipped)."""
+    where = store.url(key)
+    for number, raw in read_lines(store, key, start, end):
+        item = parse_line(raw, key, number, where)
+        if item is not None:
+            yield item

@@ -41,3 +41,11 @@ def api(make_app, redis_client):
     """A TestClient (lifespan started) authenticated with the write key."""
     with TestClient(make_app(), headers=auth(WRITE_KEY)) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer(qwen3_tokenizer_dir):
+    """The real Qwen3 tokenizer, loaded once for the session's tokenize workers."""
+    from dfp_shared.tokenizer_assets import load_tokenizer
+
+    return load_tokenizer(qwen3_tokenizer_dir)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dfp_shared.jobs import JobState
+from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.submit import finish_job
 
 GEN_SPEC = {"prompts": "s3://bucket/prompts/", "output": "s3://bucket/out", "model": "file:///models/tiny"}
@@ -64,7 +64,7 @@ def test_unknown_job_is_404_and_finished_job_cancel_is_409(api, redis_client):
         resp = api.request(method, path)
         assert resp.status_code == 404 and resp.json()["error"] == "not_found", (method, path)
     job_id = api.post("/v1/jobs", json={"type": "train", "spec": TRAIN_SPEC}).json()["id"]
-    finish_job(redis_client, job_id, JobState.running)
+    JobStore(redis_client).start(job_id)
     finish_job(redis_client, job_id, JobState.succeeded, outputs={"drafter": "s3://bucket/drafter/export"})
     conflict = api.post(f"/v1/jobs/{job_id}/cancel")
     assert conflict.status_code == 409 and "succeeded" in conflict.json()["message"]

@@ -16,7 +16,7 @@ from dfp_shared.queue import TaskQueue
 from dfp_shared.storage import open_store
 from dfp_shared.submit import PLAN_KEY, finish_job
 from dfp_shared.token_shards import build_manifest, encode_shard, shard_entry
-from dfp_shared.tokenizer_assets import chat_template_fingerprint, load_tokenizer, tokenizer_fingerprint
+from dfp_shared.tokenizer_assets import chat_template_fingerprint, tokenizer_fingerprint
 from dfp_shared.worker import Worker
 
 FINALIZE_KEY = "finalize"
@@ -27,10 +27,10 @@ def _shard_name(key: str) -> str:
 
 
 class TokenizeHandler:
-    def __init__(self, r: redis.Redis, tokenizer_dir, gate: threading.Event | None = None):
+    def __init__(self, r: redis.Redis, tokenizer, gate: threading.Event | None = None):
         self.r = r
         self.queue = TaskQueue(r, "tokenize")
-        self.tok = load_tokenizer(tokenizer_dir)
+        self.tok = tokenizer
         self.meta = {"tokenizer_fingerprint": tokenizer_fingerprint(self.tok),
                      "chat_template_fingerprint": chat_template_fingerprint(self.tok)}
         self.gate = gate
@@ -71,8 +71,9 @@ class TokenizeHandler:
                 self.queue.enqueue(task.job_id, FINALIZE_KEY, {})
 
 
-def start_worker(r: redis.Redis, tokenizer_dir, gate: threading.Event | None = None) -> tuple[Worker, threading.Thread]:
-    worker = Worker(TaskQueue(r, "tokenize"), JobStore(r), TokenizeHandler(r, tokenizer_dir, gate), block_ms=200)
+def start_worker(r: redis.Redis, tokenizer, gate: threading.Event | None = None) -> tuple[Worker, threading.Thread]:
+    """Run a worker thread; ``tokenizer`` is a loaded Hugging Face tokenizer (see :func:`load_tokenizer`)."""
+    worker = Worker(TaskQueue(r, "tokenize"), JobStore(r), TokenizeHandler(r, tokenizer, gate), block_ms=200)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     return worker, thread

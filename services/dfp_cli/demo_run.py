@@ -1,0 +1,191 @@
+"""The local end-to-end demo: every service as a local process, one pipeline job through the API.
+
+Embedded defaults: a private Redis, ``file://`` storage under the output directory, a tiny
+random-initialised Qwen3 target with the real Qwen3 tokenizer and chat template, and a built-in
+prompt set. The services run exactly as in a cluster (API, generation worker, tokenizer pool,
+gRPC target service, trainer worker), each in its own process; the demo submits a ``pipeline``
+job over HTTP, shows live progress, and stops every process at the end (also on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from dfp_shared.local_redis import RedisServer, free_port, wait_for_port
+from dfp_shared.processes import ProcessGroup
+from rich.console import Console
+
+console = Console()
+
+
+@dataclass
+class DemoConfig:
+    """What the demo runs; the defaults finish in a few minutes on 2 CPU cores."""
+
+    out_dir: Path
+    prompts: int = 48
+    """Prompts taken from the built-in set (at most its size)."""
+    max_new_tokens: int = 160
+    """Tokens the tiny target generates per prompt (greedy)."""
+    train_steps: int = 400
+    """Optimiser steps of the drafter."""
+    draft_layers: int = 1
+    """Draft decoder layers."""
+    eval_prompts: int = 8
+    """Held-out prompts for the acceptance-length evaluation."""
+    fresh: bool = False
+    """Delete the output directory first."""
+
+
+def service_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dfp_cli.main", *args]
+
+
+def prepare_inputs(cfg: DemoConfig, store_dir: Path) -> tuple[Path, Path]:
+    """The tiny target checkpoint and the prompt file, under the store."""
+    from dfp_shared.models import build_tiny_qwen3
+    from dfp_shared.tokenizer_assets import qwen3_tokenizer_dir
+
+    with console.status("fetching the Qwen3 tokenizer and building the tiny target"):
+        tok_dir = qwen3_tokenizer_dir()
+        model_dir = build_tiny_qwen3(store_dir / "models" / "tiny-qwen3", tok_dir)
+    prompts = resources.files("dfp_cli").joinpath("demo_prompts.jsonl").read_text(encoding="utf-8").splitlines()
+    prompt_file = store_dir / "prompts" / "demo.jsonl"
+    prompt_file.parent.mkdir(parents=True, exist_ok=True)
+    prompt_file.write_text("\n".join(prompts[: cfg.prompts]) + "\n", encoding="utf-8")
+    return model_dir, prompt_file
+
+
+def pipeline_spec(cfg: DemoConfig, store_dir: Path, model_dir: Path, prompt_file: Path) -> dict:
+    return {
+        "type": "pipeline",
+        "spec": {
+            "generate": {"prompts": f"file://{prompt_file}", "output": f"file://{store_dir}/generate",
+                         "model": f"file://{model_dir}", "engine": "transformers", "temperature": 0.0,
+                         "max_new_tokens": cfg.max_new_tokens, "thinking": True, "shard_size": 16},
+            "tokenize": {"output": f"file://{store_dir}/tokens", "tokenizer": f"file://{model_dir}",
+                         "thinking": True, "max_length": 1024, "truncation": "truncate"},
+            "train": {"target": f"file://{model_dir}", "output": f"file://{store_dir}/train",
+                      "steps": cfg.train_steps, "tokens_per_batch": 2048, "max_length": 512,
+                      "num_draft_layers": cfg.draft_layers, "block_size": 8, "lr": 3e-3, "max_anchors": 64,
+                      "checkpoint_every": 100, "eval_prompts": cfg.eval_prompts, "eval_max_new_tokens": 48,
+                      "seed": 0},
+        },
+    }
+
+
+def start_services(group: ProcessGroup, env: dict, model_dir: Path, api_port: int, target_port: int) -> None:
+    group.start("api", service_cmd("api", "serve", "--host", "127.0.0.1", "--port", str(api_port)), env)
+    group.start("target", service_cmd("target", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
+                                      "--port", str(target_port)), env)
+    group.start("generation", service_cmd("generation", "worker"), env)
+    group.start("tokenizer", service_cmd("tokenizer", "worker", "--processes", "1"), env)
+    group.start("trainer", service_cmd("trainer", "worker"), {**env, "DFLASH_TARGET_URL": f"127.0.0.1:{target_port}"})
+
+
+def wait_ready(group: ProcessGroup, api_url: str, target_port: int, timeout: float = 180.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    with console.status("starting the services (api, target, generation, tokenizer, trainer)"):
+        while True:
+            group.check_alive()
+            try:
+                if httpx.get(f"{api_url}/readyz", timeout=2).status_code == 200:
+                    wait_for_port(target_port, timeout=max(1.0, deadline - time.monotonic()))
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("services did not become ready in time")
+            time.sleep(0.5)
+
+
+def run_demo(cfg: DemoConfig) -> int:
+    """Run the pipeline end to end; returns the process exit code."""
+    from .client import Api
+    from .client_view import watch_job
+
+    out = cfg.out_dir.resolve()
+    if cfg.fresh and out.exists():
+        shutil.rmtree(out)
+    store_dir, logs_dir = out / "store", out / "logs"
+    store_dir.mkdir(parents=True, exist_ok=True)
+    model_dir, prompt_file = prepare_inputs(cfg, store_dir)
+
+    redis = RedisServer(appendonly=True, data_dir=str(out / "redis")).start()
+    api_key = secrets.token_urlsafe(24)
+    api_port, target_port = free_port(), free_port()
+    api_url = f"http://127.0.0.1:{api_port}"
+    services_path = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "DFLASH_REDIS_URL": redis.url, "DFLASH_STORAGE_URL": f"file://{store_dir}",
+           "DFLASH_API_KEYS": json.dumps([{"name": "demo", "sha256": hashlib.sha256(api_key.encode()).hexdigest(),
+                                           "scopes": ["read", "write"]}]),
+           "DFLASH_LOG_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (services_path, os.environ.get("PYTHONPATH", "")) if p)}
+    group = ProcessGroup(logs_dir)
+    try:
+        start_services(group, env, model_dir, api_port, target_port)
+        wait_ready(group, api_url, target_port)
+        api = Api(api_url, api_key)
+        job = api.call("POST", "/v1/jobs", json=pipeline_spec(cfg, store_dir, model_dir, prompt_file),
+                       headers={"Idempotency-Key": f"demo-{out}"}).json()
+        console.print(f"submitted pipeline job [bold]{job['id']}[/bold] to {api_url}")
+        code = watch_job(api, job["id"])
+        final = api.call("GET", f"/v1/jobs/{job['id']}").json()
+        stages = {s: api.call("GET", f"/v1/jobs/{final['outputs'][f'{s}_job']}").json()
+                  for s in ("generate", "tokenize", "train") if f"{s}_job" in final["outputs"]}
+        summarise(final, stages, out)
+        return code
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping every service[/yellow]")
+        return 130
+    except Exception:
+        for name, mp in group.procs.items():
+            if not mp.alive():
+                console.print(f"[red]{name} exited[/red]; last log lines:\n{mp.log_tail(20)}")
+        raise
+    finally:
+        with console.status("stopping the services"):
+            group.stop_all()
+            redis.stop()
+
+
+def summarise(final: dict, stages: dict, out: Path) -> None:
+    """Where everything is, the headline numbers, and the commands to look at each."""
+    train = stages.get("train", {}).get("outputs", {})
+    console.rule("dflash-pipeline demo: results")
+    for name, record in stages.items():
+        units = record["progress"]["units"]
+        counts = ", ".join(f"{u} {v['done']:,.0f}" for u, v in units.items())
+        console.print(f"{name:>9}: {record['state']} in {record['progress']['elapsed_s']:.0f}s ({counts})")
+    ev = train.get("eval") or {}
+    if ev:
+        console.print(f"acceptance length tau: trained [bold]{ev.get('tau_trained', float('nan')):.2f}[/bold] "
+                      f"vs untrained {ev.get('tau_untrained', float('nan')):.2f}")
+    paths = {"completions": stages.get("generate", {}).get("outputs", {}).get("completions"),
+             "token shards": stages.get("tokenize", {}).get("outputs", {}).get("dataset"),
+             "drafter export": train.get("drafter"), "report": train.get("report"),
+             "plot": train.get("plot"), "logs": f"file://{out}/logs"}
+    for name, uri in paths.items():
+        if uri:
+            console.print(f"{name:>15}: {uri}")
+    console.print("\nlook at them:")
+    store = out / "store"
+    console.print(f"  head -c 800 {store}/generate/completions/shard-00000.jsonl")
+    console.print(f"  cat {store}/tokens/manifest.json {store}/tokens/stats.json")
+    if train.get("drafter"):
+        console.print(f"  cat {train['drafter'].removeprefix('file://')}/config.json")
+    if train.get("report"):
+        console.print(f"  cat {train['report'].removeprefix('file://')}")
+    if train.get("plot"):
+        console.print(f"  xdg-open {train['plot'].removeprefix('file://')}")

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from .service import IdempotencyConflict
 
@@ -47,6 +48,16 @@ def field_errors(exc: RequestValidationError) -> list[dict]:
     return out
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError):
@@ -71,10 +82,16 @@ def install(app: FastAPI) -> None:
         return JSONResponse(_body("idempotency_conflict", str(exc)), status_code=409)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
+    async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400:  # FastAPI's "error parsing the body": one shape for all bad input
+            reason = f"not decodable: {exc.detail}"
+            return JSONResponse(_body("invalid_request", f"body: {reason}", [
+                {"field": "body", "location": "body", "reason": reason}]), status_code=422)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse(_body(code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return JSONResponse(_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers or None)
 
     async def _redis_down(_: Request, exc: Exception):
         log.error("redis unavailable", extra={"error": str(exc)})

@@ -7,10 +7,12 @@ from typing import Annotated
 
 from dfp_shared.jobs import JobState
 from dfp_shared.metrics import metrics_payload
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from prometheus_client import Counter
+from pydantic import TypeAdapter, ValidationError
 
 from . import service
 from .deps import ExistingJob, JobId, Reader, Reading, Settings, State, SyncRedis, Writing
@@ -18,6 +20,7 @@ from .errors import ApiError
 from .events import job_events
 from .schemas import Health, Job, JobPage, JobRequest, JobType, error_responses
 
+STRICT_REQUEST: TypeAdapter = TypeAdapter(JobRequest)
 SUBMITTED = Counter("dfp_api_jobs_submitted_total", "Jobs created through the API", ["type"])
 
 jobs = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -35,9 +38,13 @@ def _job(rec) -> Job:
 @jobs.post("", status_code=201, response_model=Job,
            responses={200: {"model": Job, "description": "Replay: the job this Idempotency-Key created"},
                       **error_responses(401, 403, 409, 422, 429, 503)})
-async def submit_job(body: JobRequest, caller: Writing, r: SyncRedis, response: Response,
+async def submit_job(body: JobRequest, caller: Writing, r: SyncRedis, request: Request, response: Response,
                      idempotency_key: IdempotencyKey = None) -> Job:
     """Submit a generate, tokenize, train or pipeline job. Returns 201 (created) or 200 (replayed)."""
+    try:  # strict, as the document states: no 0 for false, no "3" for 3
+        body = STRICT_REQUEST.validate_json(await request.body(), strict=True)
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]) from None
     spec = body.spec.model_dump(mode="json")
     rec, created = await run_in_threadpool(service.submit, r, caller.name, body.type, spec, idempotency_key)
     if created:

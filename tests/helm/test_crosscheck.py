@@ -207,6 +207,19 @@ def test_probes_point_at_real_endpoints(objects):
                     _probe_port(p, c)
 
 
+def test_api_probe_paths_are_routes():
+    routes = pytest.importorskip("dfp_api.routes", reason="the api service's routes do not exist yet")
+    paths = {r.path for r in routes.health.routes}
+    assert {"/healthz", "/readyz", "/metrics"} <= paths, paths
+
+
+def test_target_serves_the_standard_grpc_health_service():
+    """Kubernetes' grpc probe calls grpc.health.v1.Health/Check with an empty service name."""
+    server = pytest.importorskip("dfp_target.server", reason="the target service does not exist yet")
+    source = inspect.getsource(server)
+    assert "add_HealthServicer_to_server" in source and '"", SERVICE' in source
+
+
 def test_worker_probe_path_is_served():
     """The workers' probes GET /metrics on DFLASH_METRICS_PORT: the shared metrics server answers it."""
     from dfp_shared.metrics import start_metrics_server

@@ -153,3 +153,16 @@ def test_api_keys_come_from_a_secret():
         # the chart makes a Secret only when no existing one is named
         assert len(made) == (1 if profile == "defaults" else 0)
 
+
+def test_generated_api_key_is_accepted_by_the_api():
+    """The Secret the chart makes holds an admin key and a DFLASH_API_KEYS value the API parses and accepts."""
+    import base64
+
+    auth = pytest.importorskip("dfp_api.auth", reason="the api service's auth module does not exist yet")
+    secret = next(o for o in objects_for("defaults") if o["kind"] == "Secret")
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    ring = auth.KeyRing(auth.parse_keys(data["api-keys"]))
+    principal = ring.authenticate(data["admin-key"])
+    assert principal is not None and {"read", "write"} <= set(principal.scopes)
+    assert ring.authenticate(data["admin-key"] + "x") is None
+

@@ -376,3 +376,19 @@ def test_scaled_objects_read_the_workers_stream(objects):
         assert meta["enableTLS"] == ("true" if url.startswith("rediss://") else "false")
         if "passwordFromEnv" in meta:
             assert meta["passwordFromEnv"] in container["env_refs"]
+
+
+@pytest.mark.parametrize("tokenizer, expect", [
+    ({}, "4"),  # the default request: 4 CPUs
+    ({"resources": {"requests": {"cpu": "3500m"}, "limits": {"cpu": "4"}}}, "4"),
+    ({"resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "1"}}}, "1"),
+    ({"resources": {"requests": {"cpu": "2.5"}, "limits": {"cpu": "3"}}}, "3"),
+    ({"processes": 6}, "6"),
+])
+def test_tokenizer_runs_one_process_per_requested_cpu(tokenizer, expect):
+    """A container sees all of its node's cores, so "auto" becomes the pod's CPU request, rounded up."""
+    from tests.support.chart import render_workloads
+
+    pool = next(w for w in render_workloads({"tokenizer": tokenizer}) if w["component"] == "tokenizer")
+    args = pool["containers"][0]["args"]
+    assert args[:3] == ["tokenizer", "worker", "--processes"] and args[3] == expect

@@ -370,3 +370,20 @@ spec:
     - name: shm
       mountPath: /dev/shm
 {{- end -}}
+
+{{/* Tokenizer processes per pod: a number as given; "auto" = the container's CPU request (or limit)
+     rounded up, since a container sees every core of its node while its quota is what it may use. */}}
+{{- define "dflash.tokenizerProcesses" -}}
+{{- $v := .Values.tokenizer -}}
+{{- $cpu := "" -}}
+{{- with $v.resources }}{{ $cpu = toString (default (dig "limits" "cpu" "" .) (dig "requests" "cpu" "" .)) }}{{ end -}}
+{{- if ne (toString $v.processes) "auto" -}}
+{{- $v.processes -}}
+{{- else if not $cpu -}}
+auto
+{{- else if hasSuffix "m" $cpu -}}
+{{- max 1 (div (add (trimSuffix "m" $cpu | int) 999) 1000) -}}
+{{- else -}}
+{{- max 1 (ceil ($cpu | float64)) -}}
+{{- end -}}
+{{- end -}}

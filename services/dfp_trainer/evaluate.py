@@ -1,0 +1,183 @@
+"""Acceptance length by real speculative decoding, and held-out objective metrics.
+
+Decoding loop (greedy, as the reference's): prefill the target on the chat-formatted prompt and
+take its hidden states at the drafter's layers; then repeat: the anchor is the last emitted
+token; the drafter proposes B-1 tokens in one forward (context = target features of every
+position strictly before the anchor); the target verifies ``[anchor, drafts]`` in one forward;
+the longest prefix of drafts equal to the target's argmax is accepted, plus the target's own
+next token. tau = tokens emitted per verify step. The output equals the target's greedy output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from .attention import decode_masks
+from .objective import dflash_loss
+
+
+def target_features(hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]) -> torch.Tensor:
+    """HF ``hidden_states[i + 1]`` (the output of layer i) for each layer id, concatenated: (S, T, K*H)."""
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def _has_linear_layers(model) -> bool:
+    config = getattr(model.config, "text_config", None) or model.config
+    return "linear_attention" in (getattr(config, "layer_types", None) or [])
+
+
+class _Verifier:
+    """Target forwards over a growing sequence: with a cropped KV cache, or by re-running (hybrid targets)."""
+
+    def __init__(self, target, layer_ids: Sequence[int], use_cache: bool) -> None:
+        self.target, self.layer_ids, self.use_cache = target, list(layer_ids), use_cache
+        self.cache = None
+        if use_cache:
+            import inspect
+
+            from transformers import DynamicCache
+
+            self.cache = DynamicCache(config=target.config)
+            if hasattr(self.cache, "activate_past_recording"):  # lets linear-attention layers crop too
+                self.cache.activate_past_recording()
+            params = inspect.signature(target.forward).parameters
+            self.cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def forward(self, seq: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (L, V) and features (L, K*H) of ``seq[start:]`` given ``seq[:start]`` already seen."""
+        n = seq.shape[0]
+        if self.use_cache:
+            extra = self.cache.get_seq_length() - start
+            if extra > 0:
+                self.cache.crop(-extra)
+            ids, pos = seq[start:][None], torch.arange(start, n, device=seq.device)[None]
+            out = self.target(input_ids=ids, position_ids=pos, use_cache=True, output_hidden_states=True,
+                              **{self.cache_arg: self.cache})
+        else:
+            out = self.target(input_ids=seq[None], output_hidden_states=True, use_cache=False)
+        logits = out.logits[0, -(n - start):]
+        feats = target_features(out.hidden_states, self.layer_ids)[0, -(n - start):]
+        return logits, feats
+
+
+@torch.inference_mode()
+def speculative_decode(drafter, target, prompt_ids: torch.Tensor, *, max_new_tokens: int,
+                       layer_ids: Sequence[int] | None = None, stop_token_ids: Sequence[int] = (),
+                       use_cache: bool | None = None) -> dict:
+    """Greedy speculative decoding of one prompt (1-D ids); returns new token ids and tokens per step."""
+    cfg = drafter.config
+    layer_ids = list(layer_ids if layer_ids is not None else cfg.target_layer_ids)
+    if len(layer_ids) != cfg.num_context_features:
+        raise ValueError(f"{len(layer_ids)} layer ids given; the drafter was built for {cfg.num_context_features}")
+    if use_cache is None:
+        use_cache = not _has_linear_layers(target)
+    dev = prompt_ids.device
+    verifier = _Verifier(target, layer_ids, use_cache)
+    n_prompt = prompt_ids.shape[0]
+    max_len = n_prompt + max_new_tokens
+    logits, feats = verifier.forward(prompt_ids, 0)
+    seq = torch.cat([prompt_ids, logits[-1].argmax().view(1)])  # first token comes from the prefill
+    context = feats  # (start, K*H): features of every position before the anchor
+    stops = set(int(t) for t in stop_token_ids)
+    steps, hist = [], [0] * cfg.block_size
+    stopped = int(seq[-1]) in stops
+    while seq.shape[0] < max_len and not stopped:
+        start = seq.shape[0] - 1  # anchor position
+        vs = min(cfg.block_size, max_len - start)
+        block = torch.full((vs,), cfg.mask_token_id, dtype=torch.long, device=dev)
+        block[0] = seq[start]
+        positions = torch.arange(start, start + vs, device=dev)
+        ctx_pos = torch.arange(start, device=dev)
+        masks = decode_masks(start, ctx_pos, vs, cfg.layer_types, cfg.sliding_window)
+        hidden = drafter(block[None], positions[None], context[None], ctx_pos, masks)  # (1, vs, H)
+        block[1:] = drafter.logits(hidden[0, 1:]).argmax(-1)
+        logits, feats = verifier.forward(torch.cat([seq[:start], block]), start)
+        posterior = logits.argmax(-1)  # (vs,)
+        accepted = int((block[1:] == posterior[:-1]).long().cumprod(0).sum())
+        hist[accepted] += 1
+        new = torch.cat([block[1:accepted + 1], posterior[accepted:accepted + 1]])
+        new = new[: max_len - seq.shape[0]]
+        for i, tok in enumerate(new.tolist()):
+            if tok in stops:
+                new, stopped = new[: i + 1], True
+                break
+        seq = torch.cat([seq, new])
+        context = torch.cat([context, feats[: new.shape[0]]])  # anchor + accepted drafts are now known
+        steps.append(int(new.shape[0]))
+    return {"new_ids": seq[n_prompt:].tolist(), "steps": steps, "accepted_hist": hist}
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         enable_thinking=enable_thinking)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def default_stop_ids(tokenizer) -> list[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab)
+    return sorted(ids)
+
+
+def acceptance_length(drafter, target_model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int,
+                      enable_thinking: bool, layer_ids: Sequence[int] | None = None,
+                      stop_token_ids: Sequence[int] | None = None) -> dict:
+    """Mean tokens emitted per verify step over the prompts (the acceptance length tau), and details."""
+    if not prompts:
+        raise ValueError("no evaluation prompts")
+    was_training = drafter.training
+    drafter.eval()
+    stops = default_stop_ids(tokenizer) if stop_token_ids is None else list(stop_token_ids)
+    dev = drafter.fc.weight.device
+    per_prompt, hist, total_tokens, total_steps = [], [0] * drafter.config.block_size, 0, 0
+    try:
+        for messages in prompts:
+            ids = torch.tensor(chat_prompt_ids(tokenizer, messages, enable_thinking), dtype=torch.long, device=dev)
+            out = speculative_decode(drafter, target_model, ids, max_new_tokens=max_new_tokens,
+                                     layer_ids=layer_ids, stop_token_ids=stops)
+            tokens, steps = sum(out["steps"]), len(out["steps"])
+            per_prompt.append({"tau": tokens / steps if steps else 0.0, "steps": steps, "new_tokens": tokens})
+            hist = [a + b for a, b in zip(hist, out["accepted_hist"])]
+            total_tokens, total_steps = total_tokens + tokens, total_steps + steps
+    finally:
+        drafter.train(was_training)
+    return {"tau": total_tokens / total_steps if total_steps else 0.0, "per_prompt": per_prompt,
+            "accepted_hist": hist, "steps": total_steps, "new_tokens": total_tokens,
+            "enable_thinking": enable_thinking}
+
+
+@torch.no_grad()
+def heldout_metrics(drafter, batches: Iterable[tuple[torch.Tensor, ...]], *, max_anchors: int = 512,
+                    gamma: float = 7.0, seed: int = 0) -> dict:
+    """The objective's loss, accuracy and per-position accuracy over held-out batches.
+
+    Each batch is ``(input_ids, loss_mask, target_hidden, lengths)``; anchors are sampled from
+    ``seed`` so repeated evaluations compare alike.
+    """
+    model = getattr(drafter, "module", drafter)
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    b = model.config.block_size
+    sums = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0, "num_trained_tokens": 0.0,
+            "num_blocks": 0.0, "accepted_sum": 0.0}
+    pos_correct, pos_count = [0.0] * (b - 1), [0.0] * (b - 1)
+    try:
+        for input_ids, loss_mask, target_hidden, lengths in batches:
+            _, m = dflash_loss(model, input_ids, loss_mask, target_hidden, lengths, max_anchors=max_anchors,
+                               gamma=gamma, generator=gen)
+            for key in sums:
+                sums[key] += m[key]
+            pos_correct = [a + c for a, c in zip(pos_correct, m["per_position_correct"])]
+            pos_count = [a + c for a, c in zip(pos_count, m["per_position_count"])]
+    finally:
+        model.train(was_training)
+    tokens, blocks = sums["num_trained_tokens"], sums["num_blocks"]
+    return {"loss": sums["loss_sum"] / sums["weight_sum"] if sums["weight_sum"] else 0.0,
+            "accuracy": sums["correct_sum"] / tokens if tokens else 0.0,
+            "per_position_accuracy": [c / n if n else 0.0 for c, n in zip(pos_correct, pos_count)],
+            "mean_accepted": sums["accepted_sum"] / blocks + 1.0 if blocks else 0.0,
+            "num_blocks": blocks, "num_trained_tokens": tokens}

@@ -1,0 +1,327 @@
+"""The DFlash drafter: Qwen3-style draft layers with KV injection of projected target features.
+
+Depends on torch alone. The drafter owns no embedding and no LM head: it borrows the target's
+(frozen, not registered as sub-modules, so neither ``parameters()`` nor ``state_dict()`` hold
+them). Module attribute names follow the public reference module tree, so ``state_dict()`` is
+already the export format (``layers.{i}.self_attn.q_proj.weight`` ... ``fc.weight``,
+``hidden_norm.weight``).
+
+Shapes: S = sequences, Q = block tokens per sequence (all blocks of a sequence side by side),
+C = context positions, H = hidden size, K = number of target layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionMasks, attend
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass
+class DrafterConfig:
+    """Shape and DFlash settings of a drafter (sizes other than the layer count follow the target)."""
+
+    hidden_size: int  # width of every draft layer; equals the target's hidden size
+    intermediate_size: int  # MLP inner width
+    num_hidden_layers: int  # number of draft layers
+    num_attention_heads: int  # query heads per layer
+    num_key_value_heads: int  # key/value heads per layer (grouped-query attention)
+    head_dim: int  # width of one attention head
+    rms_norm_eps: float  # epsilon of every RMSNorm
+    rope_theta: float  # rotary embedding base
+    max_position_embeddings: int  # longest position the drafter is meant for
+    vocab_size: int  # rows of the target's embedding / LM head
+    num_target_layers: int  # decoder layers of the target
+    target_layer_ids: list[int]  # target layers whose outputs (HF hidden_states[i + 1]) are the context
+    mask_token_id: int  # id of the mask token filling block positions 1..B-1
+    block_size: int = 16  # tokens per draft block (anchor + B-1 drafts)
+    layer_types: list[str] = field(default_factory=list)  # per layer "full_attention" | "sliding_attention"
+    sliding_window: int | None = None  # window (tokens) of sliding-attention layers
+    attention_bias: bool = False  # bias on q/k/v/o projections
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+        self.layer_types = list(self.layer_types)
+        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        self.validate()
+
+    def validate(self) -> None:
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (anchor + at least one draft), got {self.block_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty: the drafter needs at least one target layer")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        if bad:
+            raise ValueError(f"target_layer_ids {bad} do not exist in a target with {self.num_target_layers} "
+                             f"layers (valid ids: 0..{self.num_target_layers - 1})")
+        if self.mask_token_id is None or not 0 <= int(self.mask_token_id) < self.vocab_size:
+            raise ValueError(f"mask_token_id {self.mask_token_id} is not a token of the target's vocabulary "
+                             f"(size {self.vocab_size}); add the mask token to the target's tokenizer")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise ValueError(f"unknown layer_types {unknown}; expected one of {list(LAYER_TYPES)}")
+        if "sliding_attention" in self.layer_types and not (self.sliding_window and self.sliding_window > 0):
+            raise ValueError("sliding_attention layers need a positive sliding_window")
+
+    @property
+    def num_context_features(self) -> int:
+        return len(self.target_layer_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DrafterConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown drafter config fields {unknown}")
+        return cls(**dict(data))
+
+    @classmethod
+    def for_target(cls, target_config: Any, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None,
+                   target_layer_ids: list[int] | None = None, layer_types: list[str] | None = None,
+                   sliding_window: int | None = None) -> DrafterConfig:
+        """A drafter config sized to a target (a HF config object or its ``config.json`` dict)."""
+        cfg = _TargetView(target_config)
+        num_target_layers = int(cfg.get("num_hidden_layers"))
+        if mask_token_id is None:
+            raise ValueError("no mask token id: the target's tokenizer needs the DFlash mask token "
+                             "(<|MASK|>) and its id must be passed as mask_token_id")
+        if target_layer_ids is None:
+            from dfp_shared.models import default_target_layer_ids
+
+            if num_layers > 1 and num_target_layers - 3 < 1 + (num_layers - 1):
+                raise ValueError(f"a target with {num_target_layers} layers is too shallow for {num_layers} draft "
+                                 f"layers (their context layers are spread over 1..L-3)")
+            target_layer_ids = default_target_layer_ids(num_target_layers, num_layers)
+        hidden = int(cfg.get("hidden_size"))
+        heads = int(cfg.get("num_attention_heads"))
+        return cls(hidden_size=hidden, intermediate_size=int(cfg.get("intermediate_size")),
+                   num_hidden_layers=num_layers, num_attention_heads=heads,
+                   num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
+                   head_dim=int(cfg.get("head_dim", hidden // heads)),
+                   rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=cfg.rope_theta(),
+                   max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+                   vocab_size=int(cfg.get("vocab_size")), num_target_layers=num_target_layers,
+                   target_layer_ids=list(target_layer_ids), mask_token_id=int(mask_token_id), block_size=block_size,
+                   layer_types=list(layer_types or []), sliding_window=sliding_window)
+
+
+class _TargetView:
+    """Reads fields of a target config given as an object or a dict (text sub-config for multimodal ones)."""
+
+    def __init__(self, config: Any) -> None:
+        text = config.get("text_config") if isinstance(config, Mapping) else getattr(config, "text_config", None)
+        self.config = text or config
+
+    def get(self, name: str, default: Any = None) -> Any:
+        c = self.config
+        value = c.get(name, default) if isinstance(c, Mapping) else getattr(c, name, default)
+        if value is None and default is None:
+            raise ValueError(f"target config has no {name!r}")
+        return value
+
+    def rope_theta(self) -> float:
+        params = self.get("rope_parameters", {}) or {}
+        theta = self.get("rope_theta", 0) or params.get("rope_theta") or 10000.0
+        return float(theta)
+
+
+class RMSNorm(nn.Module):
+    """Qwen3's RMSNorm (computed in float32)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rotary(nn.Module):
+    """Default rotary embedding: cos/sin for integer positions."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[..., None] * self.inv_freq  # (S, L, D/2)
+        emb = torch.cat([freqs, freqs], dim=-1)  # (S, L, D)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]  # cos/sin (S, L, D) broadcast over heads
+
+
+class DraftAttention(nn.Module):
+    """Queries from the block tokens; keys/values from [projected context ; block tokens]."""
+
+    def __init__(self, config: DrafterConfig, layer_idx: int) -> None:
+        super().__init__()
+        h, d, bias = config.hidden_size, config.head_dim, config.attention_bias
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
+        self.layer_type = config.layer_types[layer_idx]
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps)
+        self.k_norm = RMSNorm(d, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, q_rope: tuple, k_rope: tuple,
+                masks: AttentionMasks | None) -> torch.Tensor:
+        s, q_len, _ = x.shape
+        kv_in = torch.cat([context, x], dim=1)  # (S, C+Q, H)
+        q = self.q_norm(self.q_proj(x).view(s, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(kv_in).view(s, kv_in.shape[1], self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(kv_in).view(s, kv_in.shape[1], self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = _rotate(q, *q_rope)  # (S, heads, Q, D)
+        k = _rotate(k, *k_rope)  # (S, kv_heads, C+Q, D)
+        out = attend(q, k, v, masks, self.layer_type)  # (S, heads, Q, D)
+        return self.o_proj(out.transpose(1, 2).reshape(s, q_len, -1))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, config: DrafterConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = DraftAttention(config, layer_idx)
+        self.mlp = DraftMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, context, q_rope, k_rope, masks):
+        x = x + self.self_attn(self.input_layernorm(x), context, q_rope, k_rope, masks)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """DFlash draft model over a frozen target embedding and LM head."""
+
+    def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> None:
+        super().__init__()
+        config.validate()
+        rows, width = embed_tokens.weight.shape
+        if width != config.hidden_size or lm_head.in_features != config.hidden_size:
+            raise ValueError(f"target embedding/LM head width ({width}, {lm_head.in_features}) differs from the "
+                             f"drafter's hidden_size {config.hidden_size}")
+        if config.mask_token_id >= rows:
+            raise ValueError(f"mask_token_id {config.mask_token_id} is outside the target embedding ({rows} rows)")
+        self.config = config
+        self.layers = nn.ModuleList(DraftLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.fc = nn.Linear(config.num_context_features * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config.head_dim, config.rope_theta)
+        embed_tokens.requires_grad_(False)
+        lm_head.requires_grad_(False)
+        self._target = (embed_tokens, lm_head)  # a tuple: frozen and not registered
+        self.reset_parameters()
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self._target[0]
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self._target[1]
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, 0.0, std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        for layer in self.layers:  # scaled residual projections, as GPT-2 / nanoGPT do
+            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                nn.init.normal_(proj.weight, 0.0, std / math.sqrt(2 * len(self.layers)))
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def _apply(self, fn, recurse=True):
+        """``.to(device)`` / ``.cuda()`` also move the borrowed target parts; their dtype is left alone."""
+        super()._apply(fn, recurse)
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(fn(t.reshape(-1)[:1]).device)
+
+        for module in self._target:
+            module._apply(move, recurse)
+        return self
+
+    def embed_block(self, block_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(block_ids, self.embed_tokens.weight)
+
+    def forward(self, block_ids: torch.Tensor, block_positions: torch.Tensor, target_hidden: torch.Tensor,
+                context_positions: torch.Tensor, masks: AttentionMasks | None = None) -> torch.Tensor:
+        """Draft hidden states (after the final norm) for the block tokens.
+
+        block_ids (S, Q) long: the blocks' tokens (anchor then mask tokens), blocks side by side.
+        block_positions (S, Q): their position ids (anchor + k).
+        target_hidden (S, C, K*H): concatenated target layer outputs of the context positions.
+        context_positions (S, C) or (C,): position ids of the context.
+        masks: which keys each query sees (see :mod:`dfp_trainer.attention`); None = everything.
+        Returns (S, Q, H).
+        """
+        s = block_ids.shape[0]
+        if target_hidden.shape[-1] != self.fc.in_features:
+            raise ValueError(f"target_hidden has width {target_hidden.shape[-1]}; expected "
+                             f"{self.fc.in_features} = {self.config.num_context_features} layers x "
+                             f"{self.config.hidden_size}")
+        x = self.embed_block(block_ids).to(self.fc.weight.dtype)  # (S, Q, H)
+        context = self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))  # (S, C, H)
+        if context_positions.dim() == 1:
+            context_positions = context_positions.expand(s, -1)
+        q_rope = self.rotary(block_positions, x.dtype)
+        k_rope = self.rotary(torch.cat([context_positions, block_positions], dim=1), x.dtype)
+        for layer in self.layers:
+            x = layer(x, context, q_rope, k_rope, masks)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype))

@@ -166,3 +166,23 @@ def test_generated_api_key_is_accepted_by_the_api():
     assert principal is not None and {"read", "write"} <= set(principal.scopes)
     assert ring.authenticate(data["admin-key"] + "x") is None
 
+
+
+def test_readme_values_reference_lists_every_value():
+    """The README's values reference names every value of values.yaml with its current default."""
+    readme = (CHART_DIR.parents[1] / "README.md").read_text()
+    section = readme.split("### Values reference", 1)[1]
+    rows = dict(re.findall(r"^\| `([^`]+)` \| `(.*?)` \|", section, flags=re.M))
+    values = yaml.safe_load(VALUES.read_text())
+    for path in _leaf_paths(values):
+        # a row may document a whole default block (resources, tolerations): its nearest listed ancestor
+        for cut in range(len(path), 0, -1):
+            key = ".".join(path[:cut])
+            if key in rows:
+                node = values
+                for k in path[:cut]:
+                    node = node[k]
+                assert json.loads(rows[key]) == node, f"README lists {key} = {rows[key]}, values.yaml has {node!r}"
+                break
+        else:
+            raise AssertionError(f"README values reference misses {'.'.join(path)}")

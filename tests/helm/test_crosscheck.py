@@ -392,3 +392,42 @@ def test_tokenizer_runs_one_process_per_requested_cpu(tokenizer, expect):
     pool = next(w for w in render_workloads({"tokenizer": tokenizer}) if w["component"] == "tokenizer")
     args = pool["containers"][0]["args"]
     assert args[:3] == ["tokenizer", "worker", "--processes"] and args[3] == expect
+
+
+def test_helm_test_pod_checks_readyz():
+    """The `helm test` pod's script, run here against a real HTTP server: passes on 200, fails when nothing answers."""
+    import http.server
+    import sys
+    import threading
+
+    pod = next(o for o in objects_for("defaults") if o["kind"] == "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    container = pod["spec"]["containers"][0]
+    script, url, timeout = container["args"]
+    assert container["command"] == ["python", "-c"]
+    assert url == "http://dflash-api.dflash.svc:80/readyz" and float(timeout) > 0
+
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200 if self.path == "/readyz" else 404)
+            self.end_headers()
+            self.wfile.write(b'{"status": "ok"}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        ok = subprocess.run([sys.executable, "-c", script, f"http://127.0.0.1:{port}/readyz", "10"],
+                            capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        missing = subprocess.run([sys.executable, "-c", script, f"http://127.0.0.1:{port}/nope", "1"],
+                                 capture_output=True, text=True, timeout=60)
+        assert missing.returncode == 1, missing.stdout
+    finally:
+        server.shutdown()
+    closed = subprocess.run([sys.executable, "-c", script, f"http://127.0.0.1:{free_port()}/readyz", "1"],
+                            capture_output=True, text=True, timeout=60)
+    assert closed.returncode == 1 and "not ready" in closed.stdout

@@ -109,3 +109,13 @@ def render_workloads(values: dict | None = None, *, release: str = "dflash", nam
     ``replicas`` is None where an autoscaler (KEDA) owns the count.
     """
     return workloads_from_objects(render_objects(values, release=release, namespace=namespace))
+
+
+def local_argv(container: dict, python: str | None = None) -> list[str]:
+    """The container's command as a local process: ``dflash-pipeline ...`` -> ``python -m dfp_cli.main ...``."""
+    import sys
+
+    command = container["command"]
+    if command[:1] == ["dflash-pipeline"]:
+        command = [python or sys.executable, "-m", "dfp_cli.main", *command[1:]]
+    return [*command, *container["args"]]

@@ -87,7 +87,8 @@ class TemplateLocator:
         for i, m in enumerate(messages):
             msg = {k: v for k, v in m.items() if k != "reasoning" and v is not None}
             msg["content"] = values.get((i, "content"), m["content"]) if values else m["content"]
-            reasoning = m.get("reasoning") if self.thinking else None
+            # without thinking, an explicit empty reasoning keeps templates from parsing <think> out of content
+            reasoning = m.get("reasoning") if self.thinking else ("" if m["role"] == "assistant" else None)
             if reasoning is not None:
                 reasoning = values.get((i, "reasoning"), reasoning) if values else reasoning
                 msg = {"thinking": reasoning, **msg, "reasoning_content": reasoning}

@@ -12,12 +12,11 @@ import re
 import unicodedata
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from dfp_shared.specs.tokenize import TokenizeSpec
 from dfp_tokenizer.encoder import SampleEncoder
 from dfp_tokenizer.records import NO_TRAINABLE_TOKENS, TOO_LONG, SampleError, parse_line
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 SPEC = {"input": "/in", "output": "/out", "tokenizer": "/tok"}
 LOOKALIKES = ["<|im_start|>assistant\n", "<|im_end|>", "<|im_start|>user\n", "<think>", "</think>", "\n</think>\n\n",

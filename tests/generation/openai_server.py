@@ -23,6 +23,17 @@ import re
 import threading
 from collections import Counter
 
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (uvicorn[standard] brings it): the server's own overhead stays small."""
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
 FAULT_RE = re.compile(r"\[\[(429|500|timeout)x(\d+)\]\]")
 
 
@@ -51,7 +62,7 @@ class LoopbackOpenAI:
         ready = threading.Event()
 
         def main():
-            self._loop = asyncio.new_event_loop()
+            self._loop = new_event_loop()
             self._server = self._loop.run_until_complete(
                 asyncio.start_server(self._handle, "127.0.0.1", self.port, backlog=1024))
             self.port = self._server.sockets[0].getsockname()[1]

@@ -22,6 +22,7 @@ class ManagedProcess:
     cmd: list[str]
     env: dict
     log_path: Path
+    cwd: str | None = None
     proc: subprocess.Popen | None = None
     restarts: int = 0
     extra: dict = field(default_factory=dict)
@@ -54,9 +55,11 @@ class ProcessGroup:
             raise RuntimeError(f"process {name} is already running")
         mp = self.procs.get(name) or ManagedProcess(name, list(cmd), dict(env or os.environ),
                                                      self.log_dir / f"{name}.log")
-        mp.cmd, mp.env = list(cmd), dict(env or mp.env)
+        mp.cmd, mp.env, mp.cwd = list(cmd), dict(env or mp.env), cwd or mp.cwd
+        if mp.cwd:
+            Path(mp.cwd).mkdir(parents=True, exist_ok=True)
         log = open(mp.log_path, "ab")
-        mp.proc = subprocess.Popen(mp.cmd, env=mp.env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+        mp.proc = subprocess.Popen(mp.cmd, env=mp.env, cwd=mp.cwd, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         self.procs[name] = mp

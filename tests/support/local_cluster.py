@@ -1,0 +1,198 @@
+"""Run the Helm chart's workloads as local processes: a cluster without Kubernetes.
+
+Each Deployment and StatefulSet of the rendered chart becomes ``replicas`` local processes per
+container, with the container's own command, args and environment. What Kubernetes would
+provide is provided locally and nothing else is changed:
+
+* **Services** → loopback ports: every Service port gets a free local port; the Service's DNS
+  names (``name``, ``name.ns``, ``name.ns.svc[.cluster.local]``) in env values and args become
+  ``127.0.0.1:<port>``, and the pod serving it listens there (its port setting, given in env or
+  args as the container port, is rewritten to the local port).
+* **Volumes** → per-pod directories: every volume mount except ``/dev/shm`` maps to a private
+  directory (ConfigMap volumes get their files), and paths under a mount point are rewritten.
+* **Secrets** → values the test supplies (or the Secret rendered by the chart itself).
+* Scaling a Deployment (``kubectl scale``) starts more processes of the same rendered spec.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dfp_shared.local_redis import free_port
+from dfp_shared.processes import ProcessGroup
+
+KEEP_MOUNTS = ("/dev/shm",)
+
+
+@dataclass
+class Pod:
+    workload: str
+    index: int
+    containers: list[str] = field(default_factory=list)  # process names
+
+
+class LocalCluster:
+    def __init__(self, objects: list[dict], workdir: Path, secrets: dict[str, dict[str, str]] | None = None,
+                 python: str | None = None, base_env: dict | None = None):
+        self.objects = objects
+        self.workdir = Path(workdir)
+        self.python = python or sys.executable
+        self.base_env = dict(base_env or os.environ)
+        self.secrets = {name: dict(data) for name, data in (secrets or {}).items()}
+        for obj in objects:  # Secrets the chart renders itself
+            if obj["kind"] == "Secret":
+                data = {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
+                data.update(obj.get("stringData") or {})
+                self.secrets.setdefault(obj["metadata"]["name"], {}).update(data)
+        self.config_maps = {o["metadata"]["name"]: o.get("data") or {} for o in objects if o["kind"] == "ConfigMap"}
+        self.workloads = {o["metadata"]["name"]: o for o in objects if o["kind"] in ("Deployment", "StatefulSet")}
+        self.group = ProcessGroup(self.workdir / "logs")
+        self.pods: dict[str, list[Pod]] = {}
+        self.service_ports: dict[tuple[str, int], int] = {}  # (service name, port) -> local port
+        self.target_ports: dict[tuple[str, int], int] = {}  # (workload, containerPort) -> local port
+        self._map_services()
+
+    # services
+
+    def _map_services(self) -> None:
+        for svc in (o for o in self.objects if o["kind"] == "Service"):
+            selector = svc["spec"].get("selector") or {}
+            workload = next((name for name, w in self.workloads.items()
+                             if selector and all(w["spec"]["template"]["metadata"].get("labels", {}).get(k) == v
+                                                 for k, v in selector.items())), None)
+            for port in svc["spec"].get("ports", []):
+                target = self._container_port(workload, port.get("targetPort", port["port"])) if workload else None
+                key = (workload, target)
+                local = self.target_ports.get(key) or free_port()
+                if workload:
+                    self.target_ports[key] = local
+                self.service_ports[(svc["metadata"]["name"], port["port"])] = local
+
+    def _container_port(self, workload: str, target) -> int:
+        if isinstance(target, int):
+            return target
+        for c in self.workloads[workload]["spec"]["template"]["spec"]["containers"]:
+            for p in c.get("ports", []):
+                if p.get("name") == target:
+                    return p["containerPort"]
+        raise KeyError(f"{workload} has no port named {target}")
+
+    def service_url(self, service: str, port: int, scheme: str = "http") -> str:
+        return f"{scheme}://127.0.0.1:{self.service_ports[(service, port)]}"
+
+    def _rewrite_hosts(self, value: str) -> str:
+        for (name, port), local in self.service_ports.items():
+            pattern = rf"\b{re.escape(name)}(\.[a-z0-9-]+(\.svc(\.cluster\.local)?)?)?:{port}\b"
+            value = re.sub(pattern, f"127.0.0.1:{local}", value)
+        return value
+
+    # pods
+
+    def _env(self, container: dict) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for source in container.get("envFrom", []):
+            if "configMapRef" in source:
+                env.update({k: str(v) for k, v in self.config_maps[source["configMapRef"]["name"]].items()})
+            if "secretRef" in source:
+                env.update(self.secrets.get(source["secretRef"]["name"], {}))
+        for item in container.get("env", []):
+            if "value" in item:
+                env[item["name"]] = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                                           lambda m: env.get(m.group(1), m.group(0)), str(item["value"]))
+            elif "secretKeyRef" in item.get("valueFrom", {}):
+                ref = item["valueFrom"]["secretKeyRef"]
+                if ref["name"] in self.secrets and ref["key"] in self.secrets[ref["name"]]:
+                    env[item["name"]] = self.secrets[ref["name"]][ref["key"]]
+                elif not ref.get("optional"):
+                    raise KeyError(f"{container['name']}: secret {ref['name']}/{ref['key']} not provided")
+            elif "fieldRef" in item.get("valueFrom", {}):
+                env[item["name"]] = {"metadata.name": "local-pod", "metadata.namespace": "local",
+                                     "status.podIP": "127.0.0.1"}.get(item["valueFrom"]["fieldRef"]["fieldPath"], "")
+        return env
+
+    def _mounts(self, pod_spec: dict, container: dict, pod_dir: Path) -> dict[str, Path]:
+        volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+        mounts = {}
+        for m in container.get("volumeMounts", []):
+            if m["mountPath"] in KEEP_MOUNTS:
+                continue
+            local = pod_dir / m["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            volume = volumes.get(m["name"], {})
+            if "configMap" in volume:
+                for key, text in self.config_maps.get(volume["configMap"]["name"], {}).items():
+                    (local / key).write_text(text)
+            mounts[m["mountPath"].rstrip("/")] = local
+        return mounts
+
+    def _localise(self, value: str, mounts: dict[str, Path], port_map: dict[int, int]) -> str:
+        value = self._rewrite_hosts(value)
+        for mount, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            if value == mount or value.startswith(mount + "/"):
+                return str(local) + value[len(mount):]
+        if value.isdigit() and int(value) in port_map:
+            return str(port_map[int(value)])
+        return value
+
+    def start(self, workload: str, replicas: int | None = None, extra_env: dict | None = None) -> list[Pod]:
+        """Start the workload's pods (``replicas`` from the chart unless given)."""
+        obj = self.workloads[workload]
+        count = replicas if replicas is not None else (obj["spec"].get("replicas") or 1)
+        pods = self.pods.setdefault(workload, [])
+        while len(pods) < count:
+            pods.append(self._start_pod(workload, len(pods), extra_env or {}))
+        return pods
+
+    def scale(self, workload: str, replicas: int, extra_env: dict | None = None) -> list[Pod]:
+        """``kubectl scale``: more processes of the same spec, or the newest ones stopped."""
+        pods = self.pods.setdefault(workload, [])
+        while len(pods) > replicas:
+            for name in pods.pop().containers:
+                self.group.kill(name, 15)
+        return self.start(workload, replicas, extra_env)
+
+    def _start_pod(self, workload: str, index: int, extra_env: dict) -> Pod:
+        pod_spec = self.workloads[workload]["spec"]["template"]["spec"]
+        pod = Pod(workload, index)
+        pod_dir = self.workdir / "pods" / f"{workload}-{index}"
+        # the first pod serves the Service ports; further replicas get ports of their own
+        port_map = {cp: (local if index == 0 else free_port()) for (w, cp), local in self.target_ports.items()
+                    if w == workload}
+        for c in pod_spec["containers"]:
+            for p in c.get("ports", []):
+                port_map.setdefault(p["containerPort"], free_port())
+        for c in pod_spec["containers"]:
+            mounts = self._mounts(pod_spec, c, pod_dir / c["name"])
+            env = {k: self._localise(v, mounts, port_map) for k, v in self._env(c).items()}
+            argv = [self._localise(str(a), mounts, port_map) for a in [*c.get("command", []), *c.get("args", [])]]
+            if argv[:1] == ["dflash-pipeline"]:
+                argv = [self.python, "-m", "dfp_cli.main", *argv[1:]]
+            if argv[:1] == ["redis-server"]:
+                from dfp_shared.local_redis import redis_binary
+
+                argv = [redis_binary(), *argv[1:], "--port", str(port_map[6379])]
+            run_env = {**self.base_env, **env, **extra_env}
+            name = f"{workload}-{index}-{c['name']}"
+            self.group.start(name, argv, run_env, cwd=str(pod_dir))
+            pod.containers.append(name)
+        return pod
+
+    def process(self, workload: str, index: int = 0, container: str | None = None):
+        pod = self.pods[workload][index]
+        name = next(n for n in pod.containers if container is None or n.endswith(f"-{container}"))
+        return self.group.procs[name]
+
+    def kill(self, workload: str, index: int = 0, container: str | None = None, sig: int = 9) -> None:
+        self.group.kill(self.process(workload, index, container).name, sig)
+
+    def restart(self, workload: str, index: int = 0, container: str | None = None, sig: int = 9) -> None:
+        """The kubelet restarting a crashed container: the same command, env and ports."""
+        self.group.restart(self.process(workload, index, container).name, sig)
+
+    def stop(self) -> None:
+        self.group.stop_all()

@@ -40,5 +40,5 @@ def run_with_progress(spec: GenerateSpec, settings: GenerationSettings) -> dict:
                 bar.update(task, advance=outcome.completions + outcome.errors)
 
         result = run_local(spec, settings, on_plan=on_plan, on_result=on_result, on_shard=on_shard)
-    return {**result.totals(), **result.outputs, "shards": len(result.outcomes),
+    return {**result.totals(), "outputs": result.outputs, "shards": len(result.outcomes),
             "seconds": round(time.monotonic() - start, 3)}

@@ -162,3 +162,23 @@ def test_openai_connection_refused_is_an_error_not_a_crash():
     engine = OpenAIEngine(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=1, backoff_base_s=0.01)
     res = engine.generate([GenRequest("a", [{"role": "user", "content": "hi"}], 1)], SamplingParams(0, 1, 8, True))
     assert not res[0].ok and "connection error" in res[0].error and res[0].attempts == 2
+
+
+def test_transformers_hybrid_target_batches_like_single_requests(tiny_hybrid_dir):
+    """A Qwen3.5-style hybrid (linear + full attention) target: left-padded batches match lone requests."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = TransformersEngine(str(tiny_hybrid_dir), device="cpu", batch_size=4)
+        reqs = [GenRequest(str(i), [{"role": "user", "content": "hello there " * (i * 5 + 1)}], i) for i in range(3)]
+        params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=5, thinking=True)
+        batched = {r.id: r for r in engine.generate(reqs, params)}
+        alone = {r.id: r for req in reqs for r in engine.generate([req], params)}
+    finally:
+        torch.set_num_threads(threads)
+    assert [batched[str(i)].prompt_tokens for i in range(3)] == sorted(b.prompt_tokens for b in batched.values())
+    for rid, res in batched.items():
+        assert res.ok and res.completion_tokens > 0
+        assert res.content == alone[rid].content

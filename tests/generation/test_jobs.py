@@ -180,3 +180,36 @@ def test_worker_killed_mid_shard_job_completes_with_every_prompt_once(tmp_path, 
         assert "reclaimed task" in text and "resuming shard from checkpoint" in text, text[-3000:]
     finally:
         server.stop()
+
+
+def test_pipeline_generate_output_feeds_the_tokenizer_unchanged(tmp_path, redis_server, redis_client, openai_server,
+                                                               tiny_qwen3_dir):
+    from dfp_tokenizer.pool import run_process
+    from dfp_tokenizer.settings import TokenizerSettings
+
+    make_prompts(tmp_path / "p.jsonl", 6, bad_lines=(2,))
+    pipeline, _ = submit_job(redis_client, "pipeline", {
+        "generate": {"prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "gen"), "engine": "openai",
+                     "openai_base_url": openai_server.base_url, "openai_model": "m", "shard_size": 2,
+                     "samples_per_prompt": 2},
+        "tokenize": {"output": str(tmp_path / "tok"), "tokenizer": str(tiny_qwen3_dir)},
+        "train": {"target": str(tiny_qwen3_dir), "output": str(tmp_path / "train")},
+    })
+    run_worker(redis_client, settings_for(redis_server))
+    jobs = JobStore(redis_client)
+    rec = jobs.get(pipeline.id)
+    gen = jobs.get(rec.outputs["generate_job"])
+    assert gen.state == JobState.succeeded and gen.counters["completions"] == 10
+    tokenize = jobs.get(rec.outputs["tokenize_job"])
+    assert tokenize.spec["input"] == f"{tmp_path}/gen/completions/"
+    thread = threading.Thread(target=run_process, args=(TokenizerSettings(redis_url=redis_server.url, threads=1),),
+                              kwargs={"idle_exit_s": 2.0})
+    thread.start()
+    thread.join(120)
+    tokenize = jobs.get(tokenize.id)
+    assert tokenize.state == JobState.succeeded, tokenize.error
+    manifest = json.loads((tmp_path / "tok" / "manifest.json").read_text())
+    assert manifest["num_samples"] == 10
+    assert not (tmp_path / "tok" / "errors").exists()  # no line of the completion shards was rejected
+    assert tokenize.counters.get("bad_lines", 0) == 0
+    assert "train_job" in jobs.get(pipeline.id).outputs

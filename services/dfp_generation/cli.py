@@ -12,7 +12,8 @@ def engine_options(fn):
     opts = [
         click.option("--device", default=None, help="auto, cpu or cuda:N [env DFLASH_DEVICE]."),
         click.option("--dtype", default=None, help="auto, float32, bfloat16 or float16 [env DFLASH_DTYPE]."),
-        click.option("--batch-size", type=int, default=None, help="Prompts per batch, transformers engine [env DFLASH_BATCH_SIZE]."),
+        click.option("--batch-size", "generation_batch_size", type=int, default=None,
+                     help="Prompts per batch, transformers engine [env DFLASH_GENERATION_BATCH_SIZE]."),
         click.option("--openai-base-url", default=None, help="Default OpenAI-compatible base URL [env DFLASH_OPENAI_BASE_URL]."),
         click.option("--openai-model", default=None, help="Default served model name [env DFLASH_OPENAI_MODEL]."),
         click.option("--checkpoint-interval-s", type=float, default=None,

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from dfp_shared.storage import open_store
 
-from .prompts import Prompt, PromptSource, parse_line, resolve_prompt_set
+from .prompts import Prompt, PromptSource, parse_line, resolve_prompt_set, split_lines
 
 
 @dataclass
@@ -59,12 +59,10 @@ def plan_shards(prompts_uri: str, shard_size: int, endpoint_url: str | None = No
     seen: set[str] = set()  # prompt ids in the current shard (a repeat is reported, as the shard does)
     total_prompts = total_bad = 0
     for key, data in store.get_many(source.keys):
-        lines = data.split(b"\n")
-        if lines and lines[-1] == b"":
-            lines.pop()
+        lines = split_lines(data, store.url(key))
         seg_start, seg_lines = 1, 0  # seg_lines: non-blank lines in the open segment
         for number, raw in enumerate(lines, start=1):
-            item = parse_line(raw.rstrip(b"\r"), key, number)
+            item = parse_line(raw, key, number)
             if item is None:
                 continue
             seg_lines += 1
@@ -82,6 +80,9 @@ def plan_shards(prompts_uri: str, shard_size: int, endpoint_url: str | None = No
                 seen = set()
         if seg_lines:
             cur.segments.append({"file": key, "start": seg_start, "end": len(lines) + 1})
-    if cur.segments or not shards:
+    if cur.segments and shards and not cur.prompts:  # only unreadable lines left: the last shard reports them
+        shards[-1].segments += cur.segments
+        shards[-1].bad_lines += cur.bad_lines
+    elif cur.segments or not shards:
         shards.append(cur)
     return Plan(source=source, shards=shards, prompts=total_prompts, bad_lines=total_bad)

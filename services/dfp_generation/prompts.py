@@ -14,17 +14,22 @@ field when present, else ``<file>:<line>``. A line that cannot be read becomes a
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from dfp_shared.storage import NotFound, ObjectStore, open_store, split_uri
+from dfp_shared.storage import NotFound, ObjectStore, StorageError, open_store, split_uri
 
-PROMPT_SUFFIXES = (".jsonl", ".json", ".ndjson")
+PROMPT_SUFFIXES = (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".ndjson.gz")
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",
                 "bot": "assistant", "chatgpt": "assistant", "system": "system", "tool": "tool", "function": "tool",
                 "observation": "tool"}
+
+
+class PromptFileError(StorageError):
+    """A whole prompt file cannot be read (e.g. a corrupt gzip file)."""
 
 
 @dataclass(frozen=True)
@@ -138,15 +143,25 @@ def parse_line(raw: bytes | str, file: str, line: int, where: str | None = None)
         return PromptError(where, line, str(exc))
 
 
-def read_lines(store: ObjectStore, key: str, start: int = 1, end: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw bytes) of ``key`` from line ``start`` (1-based) to ``end`` (exclusive)."""
-    data = store.get(key)
+def split_lines(data: bytes, key: str) -> list[bytes]:
+    """The lines of a prompt file's bytes (gunzipped for ``.gz``), without line ends."""
+    if key.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise PromptFileError(f"{key}: not a readable gzip file ({exc})") from None
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
+    return [line.rstrip(b"\r") for line in lines]
+
+
+def read_lines(store: ObjectStore, key: str, start: int = 1, end: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw bytes) of ``key`` from line ``start`` (1-based) to ``end`` (exclusive)."""
+    lines = split_lines(store.get(key), store.url(key))
     stop = len(lines) if end is None else min(len(lines), end - 1)
     for index in range(max(0, start - 1), stop):
-        yield index + 1, lines[index].rstrip(b"\r")
+        yield index + 1, lines[index]
 
 
 def iter_prompts(store: ObjectStore, key: str, start: int = 1, end: int | None = None

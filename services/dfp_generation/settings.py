@@ -10,7 +10,8 @@ class GenerationSettings(CommonSettings):
     device: str = Field("auto", description="Torch device of the transformers engine: auto (CUDA if present), cpu, cuda:N.")
     dtype: str = Field("auto", pattern=r"^(auto|float32|bfloat16|float16)$",
                        description="Model dtype of the transformers engine; auto = bf16 on CUDA, fp32 on CPU.")
-    batch_size: int = Field(8, ge=1, le=4096, description="Prompts per generate() call of the transformers engine.")
+    generation_batch_size: int = Field(
+        8, ge=1, le=4096, description="Prompts per generate() call of the transformers engine.")
     openai_base_url: str | None = Field(
         None, description="Default OpenAI-compatible base URL (e.g. a vLLM sidecar, http://127.0.0.1:8000/v1).")
     openai_model: str | None = Field(None, description="Default model name sent to the OpenAI-compatible server.")

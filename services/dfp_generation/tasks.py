@@ -59,7 +59,7 @@ def build_engine(spec: GenerateSpec, settings: GenerationSettings) -> Engine:
                             backoff_max_s=settings.backoff_max_s)
     from .engines.transformers_engine import TransformersEngine
 
-    return TransformersEngine(spec.model, device=settings.device, dtype=settings.dtype, batch_size=settings.batch_size,
+    return TransformersEngine(spec.model, device=settings.device, dtype=settings.dtype, batch_size=settings.generation_batch_size,
                               endpoint_url=settings.s3_endpoint_url)
 
 

@@ -41,7 +41,7 @@ def test_run_writes_shards_and_a_rerun_skips_them(tmp_path, openai_server):
 
 
 def test_bad_settings_and_specs_are_named():
-    proc = cli("worker", env={"DFLASH_BATCH_SIZE": "0"})
-    assert proc.returncode == 2 and "DFLASH_BATCH_SIZE" in proc.stderr
+    proc = cli("worker", env={"DFLASH_GENERATION_BATCH_SIZE": "0"})
+    assert proc.returncode == 2 and "DFLASH_GENERATION_BATCH_SIZE" in proc.stderr
     proc = cli("run", "--prompts", "/tmp/p.jsonl", "--output", "/tmp/o", "--temperature", "-1")
     assert proc.returncode == 2 and "temperature" in proc.stderr

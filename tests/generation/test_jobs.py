@@ -213,3 +213,33 @@ def test_pipeline_generate_output_feeds_the_tokenizer_unchanged(tmp_path, redis_
     assert not (tmp_path / "tok" / "errors").exists()  # no line of the completion shards was rejected
     assert tokenize.counters.get("bad_lines", 0) == 0
     assert "train_job" in jobs.get(pipeline.id).outputs
+
+
+def test_shutdown_checkpoints_and_releases_the_shard_for_another_worker(tmp_path, redis_server, redis_client):
+    server = LoopbackOpenAI(latency=0.1).start()
+    try:
+        ids = make_prompts(tmp_path / "p.jsonl", 30)
+        job, _ = submit_job(redis_client, "generate", {
+            "prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "o"), "engine": "openai",
+            "openai_base_url": server.base_url, "openai_model": "m", "shard_size": 30, "concurrency": 1})
+        settings = settings_for(redis_server)
+        first = GenerationWorker(GenerationHandler(redis_client, settings), block_ms=200)
+        thread = threading.Thread(target=first.run, kwargs={"idle_exit_s": 1.0})
+        thread.start()
+        deadline = time.monotonic() + 30
+        while server.status_counts[200] < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        first.stopping.set()  # what SIGTERM does
+        thread.join(30)
+        served = server.status_counts[200]
+        assert not thread.is_alive() and served < 30
+        partial = read_jsonl(tmp_path / "o" / "partial" / "shard-00000.jsonl")
+        assert len(partial) - 1 >= 5  # header + the results finished before the shutdown
+        # released, not waiting out its lease: the next worker takes it at once and resumes
+        run_worker(redis_client, settings)
+        rec = JobStore(redis_client).get(job.id)
+        assert rec.state == JobState.succeeded
+        assert sorted(r["id"] for r in read_jsonl(tmp_path / "o" / "completions" / "shard-00000.jsonl")) == sorted(ids)
+        assert server.status_counts[200] - served <= 30 - (len(partial) - 1)
+    finally:
+        server.stop()

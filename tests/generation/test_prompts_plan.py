@@ -8,7 +8,14 @@ import pytest
 from dfp_generation.engines.base import derive_seed, split_thinking
 from dfp_generation.engines.openai_engine import parse_retry_after
 from dfp_generation.plan import plan_shards
-from dfp_generation.prompts import Prompt, PromptError, iter_prompts, parse_line, resolve_prompt_set
+from dfp_generation.prompts import (
+    Prompt,
+    PromptError,
+    PromptFileError,
+    iter_prompts,
+    parse_line,
+    resolve_prompt_set,
+)
 from dfp_shared.specs.generate import GenerateSpec
 from dfp_shared.storage import NotFound, open_store
 
@@ -122,3 +129,18 @@ def test_spec_validation():
         GenerateSpec(prompts="/p", output="/o", engine="openai", openai_base_url="localhost:8000")
     spec = GenerateSpec(prompts="/p", output="/o", engine="openai")
     assert spec.thinking and spec.samples_per_prompt == 1
+
+
+def test_gzipped_prompt_files(tmp_path):
+    import gzip
+
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "a.jsonl.gz").write_bytes(gzip.compress(b'{"prompt": "x"}\r\n{"prompt": "y"}\nbad\n'))
+    plan = plan_shards(str(tmp_path / "set"), shard_size=1)
+    assert plan.prompts == 2 and plan.bad_lines == 1 and len(plan.shards) == 2
+    store = open_store(plan.source.root)
+    items = [i for seg in plan.shards[1].segments for i in iter_prompts(store, seg["file"], seg["start"], seg["end"])]
+    assert [type(i).__name__ for i in items] == ["Prompt", "PromptError"]  # the trailing bad line joins the last shard
+    (tmp_path / "set" / "b.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(PromptFileError, match="b.jsonl.gz: not a readable gzip file"):
+        plan_shards(str(tmp_path / "set"), shard_size=1)

@@ -61,8 +61,17 @@ def encode_shard(sample_ids: Sequence[str], token_lists: Sequence[Sequence[int]]
             "num_trained_tokens": str(int(mask.sum(dtype=np.int64))), "sample_ids": json.dumps(list(sample_ids))}
     for k, v in (metadata or {}).items():
         meta[k] = v if isinstance(v, str) else json.dumps(v)
-    return st_save({"input_ids": torch.from_numpy(ids), "loss_mask": torch.from_numpy(mask),
-                    "offsets": torch.from_numpy(offsets)}, metadata=meta)
+    return _canonical(st_save({"input_ids": torch.from_numpy(ids), "loss_mask": torch.from_numpy(mask),
+                               "offsets": torch.from_numpy(offsets)}, metadata=meta))
+
+
+def _canonical(data: bytes) -> bytes:
+    """The same safetensors file with its JSON header keys sorted: safetensors writes the metadata in
+    hash-map order, which differs between processes, and a redelivered task must write identical bytes."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8:8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + data[8 + n:]
 
 
 def _metadata(data: bytes) -> dict:

@@ -51,6 +51,12 @@ def shard_key(index: int) -> str:
     return f"shard-{index:05d}"
 
 
+def _fetch(store, keys: list[str], window: int = 32):
+    """(key, bytes) in order, downloading ``window`` files at a time (bounded memory)."""
+    for start in range(0, len(keys), window):
+        yield from store.get_many(keys[start:start + window])
+
+
 def plan_shards(prompts_uri: str, shard_size: int, endpoint_url: str | None = None) -> Plan:
     source = resolve_prompt_set(prompts_uri, endpoint_url=endpoint_url)
     store = open_store(source.root, endpoint_url=endpoint_url)
@@ -58,7 +64,7 @@ def plan_shards(prompts_uri: str, shard_size: int, endpoint_url: str | None = No
     cur = ShardPlan(0)
     seen: set[str] = set()  # prompt ids in the current shard (a repeat is reported, as the shard does)
     total_prompts = total_bad = 0
-    for key, data in store.get_many(source.keys):
+    for key, data in _fetch(store, source.keys):
         lines = split_lines(data, store.url(key))
         seg_start, seg_lines = 1, 0  # seg_lines: non-blank lines in the open segment
         for number, raw in enumerate(lines, start=1):

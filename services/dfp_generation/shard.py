@@ -77,8 +77,6 @@ def completion_record(prompt: Prompt, sample: int, req: GenRequest, res: GenResu
     answer = {"role": "assistant", "content": res.content}
     if res.reasoning is not None:
         answer["reasoning_content"] = res.reasoning
-    truncated = res.truncated or (spec.thinking and res.reasoning is not None and not res.content
-                                  and res.finish_reason != "stop")
     return {
         "id": req.id,
         "messages": [*prompt.messages, answer],
@@ -88,7 +86,7 @@ def completion_record(prompt: Prompt, sample: int, req: GenRequest, res: GenResu
             "sampling": {"temperature": spec.temperature, "top_p": spec.top_p, "max_new_tokens": spec.max_new_tokens,
                          "seed": req.seed, "thinking": spec.thinking},
             "finish_reason": res.finish_reason,
-            "truncated": bool(truncated),
+            "truncated": res.truncated,
             "prompt_tokens": res.prompt_tokens,
             "completion_tokens": res.completion_tokens,
             "prompt_id": prompt.id,

@@ -62,7 +62,7 @@ def check_record(rec: dict, spec: GenerateSpec) -> None:
     assert answer.get("reasoning_content") is None or isinstance(answer["reasoning_content"], str)
     meta = rec["meta"]
     assert meta["finish_reason"] in ("stop", "length")
-    assert meta["truncated"] == (meta["finish_reason"] == "length") or meta["truncated"]
+    assert meta["truncated"] == (meta["finish_reason"] == "length")
     assert 0 < meta["completion_tokens"] <= spec.max_new_tokens and meta["prompt_tokens"] > 0
     assert meta["sampling"] == {"temperature": spec.temperature, "top_p": spec.top_p,
                                 "max_new_tokens": spec.max_new_tokens, "seed": meta["sampling"]["seed"],

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from prometheus_client import Counter, Histogram
 
 from . import errors
+from .deps import BEARER_SCHEME
 from .routes import health, jobs
 from .settings import ApiSettings
 from .state import ApiState
@@ -24,6 +25,17 @@ class MetricsMiddleware:
     def __init__(self, app):
         self.app = app
 
+    _children: dict = {}
+
+    @classmethod
+    def _observe(cls, method: str, path: str, status: int, seconds: float) -> None:
+        key = (method, path, status)
+        pair = cls._children.get(key)
+        if pair is None:  # label lookups cost more than the observation: keep the children
+            pair = cls._children[key] = (REQUESTS.labels(method, path, str(status)), LATENCY.labels(method, path))
+        pair[0].inc()
+        pair[1].observe(seconds)
+
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
@@ -38,10 +50,8 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
-            REQUESTS.labels(scope["method"], path, str(status[0])).inc()
-            LATENCY.labels(scope["method"], path).observe(time.perf_counter() - start)
+            path = getattr(scope.get("route"), "path", None) or "unmatched"
+            self._observe(scope["method"], path, status[0], time.perf_counter() - start)
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -64,4 +74,21 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.include_router(jobs)
     app.include_router(health)
     app.add_middleware(MetricsMiddleware)
+    _document_bearer_auth(app)
     return app
+
+
+def _document_bearer_auth(app: FastAPI) -> None:
+    """Auth is one plain dependency (see deps.require); state the bearer scheme in the document here."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        doc = generate()
+        doc.setdefault("components", {}).setdefault("securitySchemes", {}).update(BEARER_SCHEME)
+        for path, operations in doc["paths"].items():
+            if path.startswith("/v1/"):
+                for operation in operations.values():
+                    operation["security"] = [{"HTTPBearer": []}]
+        return doc
+
+    app.openapi = openapi

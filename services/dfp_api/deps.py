@@ -7,7 +7,7 @@ from typing import Annotated
 import redis
 from dfp_shared.jobs import JobRecord
 from fastapi import Depends, Path, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.exceptions import RequestValidationError
 
 from .auth import ANONYMOUS, Principal
 from .errors import ApiError
@@ -15,25 +15,23 @@ from .settings import ApiSettings
 from .state import ApiState
 from .store import AsyncJobReader
 
-bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
 
-
-def get_state(request: Request) -> ApiState:
+async def get_state(request: Request) -> ApiState:
     return request.app.state.api
 
 
 State = Annotated[ApiState, Depends(get_state)]
 
 
-def get_settings(state: State) -> ApiSettings:
+async def get_settings(state: State) -> ApiSettings:
     return state.settings
 
 
-def get_redis(state: State) -> redis.Redis:
+async def get_redis(state: State) -> redis.Redis:
     return state.redis
 
 
-def get_reader(state: State) -> AsyncJobReader:
+async def get_reader(state: State) -> AsyncJobReader:
     return state.reader
 
 
@@ -42,46 +40,78 @@ SyncRedis = Annotated[redis.Redis, Depends(get_redis)]
 Reader = Annotated[AsyncJobReader, Depends(get_reader)]
 
 
-async def authenticate(state: State,
-                       creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
-    """The caller named by the bearer key (401 if missing or unknown), charged one request (429)."""
-    if state.keyring is None:
-        principal = ANONYMOUS
-    else:
-        if creds is None or not creds.credentials:
-            raise ApiError(401, "unauthenticated", "missing API key (Authorization: Bearer <key>)",
-                           {"WWW-Authenticate": "Bearer"})
-        principal = state.keyring.authenticate(creds.credentials)
-        if principal is None:
-            raise ApiError(401, "unauthenticated", "invalid API key", {"WWW-Authenticate": "Bearer"})
-    decision = await state.limiter.hit(principal.name)
-    if not decision.allowed:
-        raise ApiError(429, "rate_limited", f"rate limit of {state.settings.rate_limit_per_s:g} requests/s exceeded",
-                       {"Retry-After": str(decision.retry_after_s)})
-    return principal
+def _bearer_token(request: Request) -> str | None:
+    value = request.headers.get("authorization")
+    if not value:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-Caller = Annotated[Principal, Depends(authenticate)]
+_QUERY_NAMES: dict[int, frozenset[str]] = {}
 
 
-def _scope(scope: str):
-    async def check(caller: Caller) -> Principal:
-        if not caller.allows(scope):
+def _reject_unknown_query(request: Request) -> None:
+    """A query parameter the route does not declare is a 422, like an unknown body field."""
+    if not request.query_params:
+        return
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    names = _QUERY_NAMES.get(id(route))
+    if names is None:
+        names = _QUERY_NAMES[id(route)] = frozenset(p.alias for p in dependant.query_params)
+    unknown = sorted(set(request.query_params) - names)
+    if unknown:
+        raise RequestValidationError([{"loc": ("query", name), "msg": "unknown query parameter",
+                                       "type": "extra_forbidden"} for name in unknown])
+
+
+def require(scope: str):
+    """A dependency: the caller named by the bearer key (401 if missing or unknown), charged one request
+    (429 over the key's rate), holding ``scope`` (403). One function on purpose: FastAPI's per-request
+    cost grows with every dependency in the tree, and this runs on every request."""
+
+    async def caller(request: Request) -> Principal:
+        state: ApiState = request.app.state.api
+        if state.keyring is None:
+            principal = ANONYMOUS
+        else:
+            token = _bearer_token(request)
+            if token is None:
+                raise ApiError(401, "unauthenticated", "missing API key (Authorization: Bearer <key>)",
+                               {"WWW-Authenticate": "Bearer"})
+            principal = state.keyring.authenticate(token)
+            if principal is None:
+                raise ApiError(401, "unauthenticated", "invalid API key", {"WWW-Authenticate": "Bearer"})
+        decision = await state.limiter.hit(principal.name)
+        if not decision.allowed:
+            raise ApiError(429, "rate_limited",
+                           f"rate limit of {state.settings.rate_limit_per_s:g} requests/s exceeded",
+                           {"Retry-After": str(decision.retry_after_s)})
+        if not principal.allows(scope):
             raise ApiError(403, "forbidden", f"this API key lacks the {scope!r} scope")
-        return caller
+        _reject_unknown_query(request)
+        return principal
 
-    return check
+    caller.__name__ = f"require_{scope}"
+    return caller
 
 
-Reading = Annotated[Principal, Depends(_scope("read"))]
-Writing = Annotated[Principal, Depends(_scope("write"))]
+Reading = Annotated[Principal, Depends(require("read"))]
+Writing = Annotated[Principal, Depends(require("write"))]
+
+BEARER_SCHEME = {"HTTPBearer": {"type": "http", "scheme": "bearer",
+                                "description": "An API key: `Authorization: Bearer <key>`."}}
+"""The OpenAPI security scheme of every route that depends on :data:`Reading` or :data:`Writing`."""
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="Job id.")]
 
 
-async def existing_job(job_id: JobId, reader: Reader, _: Reading) -> JobRecord:
+async def existing_job(job_id: JobId, request: Request, _: Reading) -> JobRecord:
     """The job named in the path (404 if unknown)."""
-    return await reader.get(job_id)
+    return await request.app.state.api.reader.get(job_id)
 
 
 ExistingJob = Annotated[JobRecord, Depends(existing_job)]

@@ -13,21 +13,27 @@ import json
 import redis.asyncio as aioredis
 from dfp_shared.jobs import JobNotFound, JobRecord, JobStore
 
+# One command instead of a three-command pipeline: a third of the client-side work per read.
+_READ = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[1] .. ':counters'),
+        redis.call('HGETALL', KEYS[1] .. ':totals')}
+"""
+
+
+def _pairs(flat: list) -> dict:
+    return dict(zip(flat[::2], flat[1::2]))
+
 
 class AsyncJobReader:
     def __init__(self, client: aioredis.Redis):
         self.r = client
+        self._read = client.register_script(_READ)
 
     async def get(self, job_id: str) -> JobRecord:
-        key = JobStore._key(job_id)
-        async with self.r.pipeline(transaction=False) as pipe:
-            pipe.hgetall(key)
-            pipe.hgetall(key + ":counters")
-            pipe.hgetall(key + ":totals")
-            rec, counters, totals = await pipe.execute()
+        rec, counters, totals = await self._read(keys=[JobStore._key(job_id)])
         if not rec:
             raise JobNotFound(job_id)
-        return JobStore._record(rec, counters, totals)
+        return JobStore._record(_pairs(rec), _pairs(counters), _pairs(totals))
 
     async def events(self, job_id: str, after: str, block_ms: int | None,
                      count: int = 100) -> list[tuple[str, str, dict]]:

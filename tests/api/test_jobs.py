@@ -56,6 +56,7 @@ def test_bad_fields_are_422_with_field_and_reason(api):
     assert fields_of(api.post("/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"}))
     assert "limit" in fields_of(api.get("/v1/jobs", params={"limit": 0}))
     assert "state" in fields_of(api.get("/v1/jobs", params={"state": "sleeping"}))
+    assert fields_of(api.get("/v1/jobs", params={"sate": "queued"})) == {"sate": "unknown query parameter"}
 
 
 def test_unknown_job_is_404_and_finished_job_cancel_is_409(api, redis_client):

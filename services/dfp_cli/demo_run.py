@@ -149,11 +149,13 @@ def run_demo(cfg: DemoConfig) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping every service[/yellow]")
         return 130
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - report, then stop every process
+        console.print(f"[red]demo failed: {exc}[/red]")
         for name, mp in group.procs.items():
-            if not mp.alive():
+            if not mp.alive() and name not in str(exc):
                 console.print(f"[red]{name} exited[/red]; last log lines:\n{mp.log_tail(20)}")
-        raise
+        console.print(f"service logs: {logs_dir}")
+        return 1
     finally:
         with console.status("stopping the services"):
             group.stop_all()

@@ -50,9 +50,11 @@ class LazyGroup(click.Group):
         try:
             return getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
-            @click.command(name=name, help=f"(unavailable: {exc})")
+            reason = f"{type(exc).__name__}: {exc}"
+
+            @click.command(name=name, help=f"(unavailable: {reason})")
             def unavailable():
-                raise click.ClickException(f"{name} is not available: {exc}")
+                raise click.ClickException(f"{name} is not available: {reason}")
 
             return unavailable
 

@@ -56,6 +56,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
+        Path(self.data_dir).mkdir(parents=True, exist_ok=True)
         args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", self.data_dir,
                 "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
                 "--maxmemory-policy", "noeviction", "--protected-mode", "no", "--loglevel", "warning"]

@@ -104,7 +104,9 @@ def build_tiny_qwen3(out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLik
     ``hybrid=True`` builds a ``qwen3_5_text`` model mixing linear- and full-attention layers.
     """
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     out = Path(out_dir)
     if (out / "config.json").exists() and list(out.glob("*.safetensors")):
         return out

@@ -16,7 +16,7 @@ from dfp_shared.storage import open_store
 from .engines import GenResult
 from .plan import Plan, plan_shards
 from .settings import GenerationSettings
-from .shard import ShardOutcome, ShardRunner
+from .shard import ShardOutcome, ShardRunner, prune_stale
 from .tasks import build_engine, output_uris
 
 
@@ -57,5 +57,6 @@ def run_local(spec: GenerateSpec, settings: GenerationSettings, *,
                 "shards": [{"key": f"completions/{o.key}.jsonl", "prompts": o.prompts, "completions": o.completions,
                             "errors": o.errors, "unreadable": o.unreadable, "truncated": o.truncated,
                             "output_tokens": o.output_tokens} for o in outcomes]}
+    prune_stale(out, [shard.key for shard in plan.shards])
     out.put("manifest.json", json.dumps(manifest, indent=1).encode())
     return run

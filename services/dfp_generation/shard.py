@@ -96,6 +96,19 @@ def completion_record(prompt: Prompt, sample: int, req: GenRequest, res: GenResu
     }
 
 
+def prune_stale(out: ObjectStore, shard_keys: list[str]) -> list[str]:
+    """Delete shard files an earlier run into the same output left behind (a different shard size
+    makes other shard names); without this a reader of ``completions/`` would see records twice."""
+    keep = set(shard_keys)
+    stale = [key for prefix in ("completions/", "errors/", "done/", "partial/") for key in out.list(prefix)
+             if key.rsplit("/", 1)[-1].split(".", 1)[0] not in keep]
+    for key in stale:
+        out.delete(key)
+    if stale:
+        log.warning("removed shard files of an earlier run", extra={"count": len(stale), "first": stale[0]})
+    return stale
+
+
 def _jsonl(rows: list[dict]) -> bytes:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
 

@@ -24,7 +24,7 @@ from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased, Worker
 from .engines import Engine, GenResult
 from .plan import ShardPlan, plan_shards
 from .settings import GenerationSettings
-from .shard import ShardRunner
+from .shard import ShardRunner, prune_stale
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +177,7 @@ class GenerationHandler:
                                                          "truncated", "output_tokens")}
         manifest = {"format": "dflash-completions/1", "job_id": task.job_id, "spec": spec.model_dump(mode="json"),
                     **totals, "shards": shards}
+        prune_stale(out, [ShardPlan.from_payload(s).key for s in plan["shards"]])
         out.put("manifest.json", json.dumps(manifest, indent=1).encode())
         outputs = output_uris(spec)
         if totals["completions"] == 0:

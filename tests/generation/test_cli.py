@@ -38,6 +38,14 @@ def test_run_writes_shards_and_a_rerun_skips_them(tmp_path, openai_server):
     again = cli(*args)
     assert again.returncode == 0, again.stderr
     assert openai_server.status_counts[200] == served
+    # a different shard size: new shard names, and the old files do not linger beside them
+    at = args.index("--shard-size") + 1
+    bigger = cli(*args[:at], "4", *args[at + 1:])
+    assert bigger.returncode == 0, bigger.stderr
+    files = sorted(p.name for p in (tmp_path / "out" / "completions").iterdir())
+    assert files == ["shard-00000.jsonl", "shard-00001.jsonl"]
+    records = [r for f in sorted((tmp_path / "out" / "completions").iterdir()) for r in read_jsonl(f)]
+    assert len(records) == 10 and len({r["id"] for r in records}) == 10
 
 
 def test_bad_settings_and_specs_are_named():

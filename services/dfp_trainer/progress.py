@@ -1,0 +1,41 @@
+"""Progress of a training run in its job record (steps, loss, tokens/s, data wait, ETA) and stop checks."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from .train import Hooks
+
+log = logging.getLogger(__name__)
+
+
+def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event | None = None,
+              extra_stop=None) -> Hooks:
+    """Hooks that write progress to ``job_id``'s record and stop on SIGTERM, cancel or ``extra_stop()``."""
+    jobs = None
+    if redis_url and job_id:
+        from dfp_shared.jobs import JobStore
+        from dfp_shared.redis_conn import connect
+
+        jobs = JobStore(connect(redis_url))
+
+    def progress(row: dict) -> None:
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "total_steps"}
+        log.info("training progress", extra={k: round(v, 6) if isinstance(v, float) else v for k, v in scalars.items()})
+        if jobs is None:
+            return
+        if "total_steps" in row:
+            jobs.set_totals(job_id, steps=row["total_steps"])
+        jobs.set_counters(job_id, **{("steps" if k == "step" else k): v for k, v in scalars.items()})
+        if "loss" in row:
+            jobs.emit(job_id, "progress", {k: v for k, v in row.items() if k != "per_position_accuracy"})
+
+    def should_stop() -> bool:
+        if stop is not None and stop.is_set():
+            return True
+        if extra_stop is not None and extra_stop():
+            return True
+        return bool(jobs is not None and jobs.is_cancelled(job_id))
+
+    return Hooks(progress=progress, should_stop=should_stop)

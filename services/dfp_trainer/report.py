@@ -1,0 +1,128 @@
+"""End of a run: export the drafter, measure acceptance length (trained vs untrained), write the report.
+
+Outputs under the run's output prefix: ``drafter/`` (the export the DFlash reference loads),
+``report.json`` (τ of both drafters, loss, accuracy per block position, throughput, data-wait and
+communication shares), ``loss_curve.png`` and ``position_accuracy.png``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tempfile
+from pathlib import Path
+
+import torch
+from dfp_shared.storage import open_store
+
+log = logging.getLogger(__name__)
+
+
+def eval_prompts(setup) -> list[torch.Tensor]:
+    """Prompts of the held-out samples: each sample's tokens before its first trained token."""
+    ds = setup.dataset
+    prompts = []
+    for i in setup.eval_index.tolist():
+        a, b = int(ds.offsets[i]), int(ds.offsets[i + 1])
+        mask = ds.loss_mask[a:b]
+        first = int(torch.nonzero(mask).flatten()[0]) if int(mask.sum()) else b - a
+        if first > 0:
+            prompts.append(ds.input_ids[a:a + first].to(torch.int64))
+    return prompts
+
+
+def evaluate_drafters(setup, drafter, opts) -> dict:
+    """τ of the trained drafter and of the same drafter at its initial weights, by real speculative decoding."""
+    from dfp_shared.models import load_causal_lm
+
+    from .evaluate import acceptance_length
+
+    prompts = eval_prompts(setup)
+    if not prompts:
+        return {}
+    spec = setup.spec
+    target = getattr(setup.source, "model", None)  # the in-process target is already loaded
+    if target is None:
+        target = load_causal_lm(str(setup.model_dir), device=str(next(drafter.parameters()).device))
+    kwargs = dict(max_new_tokens=spec.eval_max_new_tokens, enable_thinking=spec.enable_thinking,
+                  layer_ids=setup.layer_ids)
+    was_training = drafter.training
+    drafter.eval()
+    trained_state = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
+    with torch.no_grad():
+        trained = acceptance_length(drafter, target, setup.tokenizer, prompts, **kwargs)
+        drafter.load_state_dict(setup.initial_state)
+        untrained = acceptance_length(drafter, target, setup.tokenizer, prompts, **kwargs)
+        drafter.load_state_dict(trained_state)
+    drafter.train(was_training)
+    return {"tau_trained": float(trained["tau"]), "tau_untrained": float(untrained["tau"]),
+            "eval_prompts": len(prompts), "eval_trained": _plain(trained), "eval_untrained": _plain(untrained)}
+
+
+def _plain(d: dict) -> dict:
+    return {k: v for k, v in d.items() if isinstance(v, (int, float, str, bool, list))}
+
+
+def plot_loss(history: list[dict]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot([r["step"] for r in history], [r["loss"] for r in history], lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("DFlash drafter training loss")
+    ax.grid(alpha=0.3)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def plot_position_accuracy(acc: list[float]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.bar(range(1, len(acc) + 1), acc)
+    ax.set_xlabel("block position")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title("Draft accuracy per block position")
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def finish_run(setup, drafter, history: list[dict], summary: dict, opts) -> dict:
+    """Export, evaluate, write the report and plots; returns the job outputs."""
+    from .export import export_drafter
+
+    spec = setup.spec
+    out = open_store(spec.output, endpoint_url=opts.endpoint_url)
+    with tempfile.TemporaryDirectory(prefix="dflash-export-") as tmp:
+        export_drafter(drafter, tmp)
+        files = [p for p in Path(tmp).rglob("*") if p.is_file()]
+        out.put_many([(f"drafter/{p.relative_to(tmp).as_posix()}", p.read_bytes()) for p in files])
+    report = {"summary": summary, "spec": spec.model_dump(mode="json"), "target_layer_ids": setup.layer_ids}
+    if opts.evaluate and spec.eval_prompts:
+        report["evaluation"] = evaluate_drafters(setup, drafter, opts)
+    report["history"] = [{k: v for k, v in r.items() if k != "per_position_accuracy"} for r in history]
+    out.put_many([("report.json", json.dumps(report, indent=1).encode()),
+                  ("loss_curve.png", plot_loss(history)),
+                  ("position_accuracy.png", plot_position_accuracy(summary.get("per_position_accuracy", [])))])
+    log.info("training finished", extra={"final_loss": summary.get("final_loss"),
+                                         **{k: v for k, v in report.get("evaluation", {}).items()
+                                            if k.startswith("tau")}})
+    base = spec.output.rstrip("/")
+    return {"drafter": base + "/drafter/", "report": base + "/report.json",
+            "tau_trained": report.get("evaluation", {}).get("tau_trained"),
+            "tau_untrained": report.get("evaluation", {}).get("tau_untrained")}

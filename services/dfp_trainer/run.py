@@ -1,0 +1,75 @@
+"""``python -m dfp_trainer.run``: one training process (what ``torchrun`` launches per rank).
+
+Reads the job spec from a JSON file, joins the process group torchrun describes, trains, and on
+rank 0 reports progress to the job record (when ``--job-id`` is given) and writes the result JSON
+to ``--result``. SIGTERM stops after the current step with a checkpoint (exit code 3); the next run
+resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+from dfp_shared.cli_support import settings_or_exit
+from dfp_shared.specs.train import TrainSpec
+
+from .settings import TrainerSettings
+
+EXIT_STOPPED = 3
+
+
+def install_stop_flag() -> threading.Event:
+    stop = threading.Event()
+
+    def on_signal(_signum, _frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
+def run_local(spec: TrainSpec, settings: TrainerSettings, *, job_id: str | None = None, stop: threading.Event | None = None,
+              resume: bool = True, extra_stop=None):
+    """Train in this process (one rank of a torchrun group, or alone); returns the TrainResult."""
+    from .distributed import init_distributed, shutdown
+    from .progress import job_hooks
+    from .train import RunOptions, train
+
+    info = init_distributed(settings.device)
+    opts = RunOptions(target_url=spec.target_url or settings.target_url, endpoint_url=settings.s3_endpoint_url,
+                      fetch_inflight=settings.fetch_inflight, prefetch_batches=settings.prefetch_batches,
+                      resume=resume, progress_every_s=settings.progress_every_s)
+    hooks = job_hooks(settings.redis_url if job_id else None, job_id, stop, extra_stop)
+    try:
+        return train(spec, opts, info, hooks)
+    finally:
+        shutdown()
+
+
+@click.command()
+@click.option("--spec", "spec_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Train job spec (JSON file).")
+@click.option("--job-id", default=None, help="Job whose record gets the progress (rank 0).")
+@click.option("--result", "result_path", default=None, help="Where rank 0 writes the result JSON.")
+@click.option("--no-resume", is_flag=True, help="Start from scratch even if a checkpoint exists.")
+def main(spec_path: str, job_id: str | None, result_path: str | None, no_resume: bool) -> None:
+    settings = settings_or_exit(TrainerSettings, "trainer")
+    spec = TrainSpec.model_validate(json.loads(Path(spec_path).read_text()))
+    stop = install_stop_flag()
+    result = run_local(spec, settings, job_id=job_id, stop=stop, resume=not no_resume)
+    if result_path and int(os.environ.get("RANK", "0")) == 0:
+        Path(result_path).write_text(json.dumps({"step": result.step, "total_steps": result.total_steps,
+                                                 "completed": result.completed, "outputs": result.outputs,
+                                                 "summary": result.summary}))
+    sys.exit(0 if result.completed else EXIT_STOPPED)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The train worker: claims ``train`` tasks and runs each job's training.
+
+A train job has one task (its ``plan`` task): the whole run. The shared worker loop keeps the task's
+lease alive with heartbeats while training runs; if this worker dies, the task is redelivered and
+the next worker resumes from the latest checkpoint under the job's output prefix. On SIGTERM the
+run stops after its current step with a checkpoint and the task is released for another worker.
+With ``nproc_per_node > 1`` the run is ``torchrun`` children (``python -m dfp_trainer.run``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dfp_shared.jobs import JobState
+from dfp_shared.queue import Task
+from dfp_shared.specs.train import TrainSpec
+from dfp_shared.submit import finish_job
+from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
+
+from .data import DataError
+from .settings import TrainerSettings
+from .train import TrainError
+
+log = logging.getLogger(__name__)
+
+
+class TrainHandler:
+    """``handler(task, ctx)`` of the shared worker loop for the ``train`` stream."""
+
+    def __init__(self, settings: TrainerSettings, redis_client):
+        self.settings = settings
+        self.r = redis_client
+
+    def __call__(self, task: Task, ctx: TaskContext) -> None:
+        job = ctx.jobs.get(task.job_id)
+        try:
+            spec = TrainSpec.model_validate(job.spec)
+        except ValueError as exc:
+            finish_job(self.r, task.job_id, JobState.failed, error=f"invalid train spec: {exc}")
+            return
+        log.info("training job claimed", extra={"job_id": task.job_id, "deliveries": task.deliveries})
+        try:
+            if self.settings.nproc_per_node > 1:
+                result = self._torchrun(spec, task, ctx)
+            else:
+                from .run import run_local
+
+                result = run_local(spec, self.settings, job_id=task.job_id, extra_stop=ctx.stopping.is_set)
+                result = {"completed": result.completed, "outputs": result.outputs, "summary": result.summary,
+                          "step": result.step}
+        except (TrainError, DataError) as exc:  # bad input: retrying cannot help
+            log.error("training cannot start", extra={"job_id": task.job_id, "error": str(exc)})
+            finish_job(self.r, task.job_id, JobState.failed, error=str(exc))
+            return
+        if ctx.cancelled():
+            raise TaskCancelled(task.job_id)
+        if not result.get("completed"):
+            raise TaskReleased(task.job_id)  # stopped at a checkpoint: the next worker resumes
+        ctx.jobs.complete_task(task.job_id, task.key)
+        outputs = {k: v for k, v in result["outputs"].items() if v is not None}
+        finish_job(self.r, task.job_id, JobState.succeeded, outputs=outputs)
+
+    def _torchrun(self, spec: TrainSpec, task: Task, ctx: TaskContext) -> dict:
+        with tempfile.TemporaryDirectory(prefix="dflash-train-") as tmp:
+            spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+            spec_path.write_text(spec.model_dump_json())
+            extra = shlex.split(self.settings.torchrun_args) or ["--standalone"]
+            cmd = [sys.executable, "-m", "torch.distributed.run", *extra,
+                   "--nproc-per-node", str(self.settings.nproc_per_node), "-m", "dfp_trainer.run",
+                   "--spec", str(spec_path), "--job-id", task.job_id, "--result", str(result_path)]
+            proc = subprocess.Popen(cmd, env=os.environ.copy())
+            signalled = False
+            while proc.poll() is None:
+                if (ctx.stopping.is_set() or ctx.cancelled()) and not signalled:
+                    proc.send_signal(signal.SIGTERM)  # torchrun forwards it; ranks checkpoint and exit
+                    signalled = True
+                time.sleep(0.5)
+            if result_path.exists():
+                return json.loads(result_path.read_text())
+            if signalled:
+                return {"completed": False}
+            raise RuntimeError(f"torchrun exited with code {proc.returncode} without a result")

@@ -243,3 +243,25 @@ def test_shutdown_checkpoints_and_releases_the_shard_for_another_worker(tmp_path
         assert server.status_counts[200] - served <= 30 - (len(partial) - 1)
     finally:
         server.stop()
+
+
+def test_transformers_job_through_the_worker(tmp_path, redis_server, redis_client, tiny_qwen3_dir):
+    """The embedded default (what the demo runs): a tiny Qwen3 in the worker process, on the CPU."""
+    import torch
+
+    ids = make_prompts(tmp_path / "p.jsonl", 3)
+    job, _ = submit_job(redis_client, "generate", {
+        "prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "o"), "model": str(tiny_qwen3_dir),
+        "max_new_tokens": 4, "temperature": 0, "shard_size": 2})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_worker(redis_client, settings_for(redis_server, device="cpu", generation_batch_size=2))
+    finally:
+        torch.set_num_threads(threads)
+    rec = JobStore(redis_client).get(job.id)
+    assert rec.state == JobState.succeeded, rec.error
+    records = [r for f in sorted((tmp_path / "o" / "completions").iterdir()) for r in read_jsonl(f)]
+    assert sorted(r["id"] for r in records) == sorted(ids)
+    assert all(r["meta"]["engine"] == "transformers" and r["meta"]["completion_tokens"] <= 4 for r in records)
+    assert rec.counters["output_tokens"] == sum(r["meta"]["completion_tokens"] for r in records)

@@ -32,11 +32,31 @@ def eval_prompts(setup) -> list[torch.Tensor]:
     return prompts
 
 
-def evaluate_drafters(setup, drafter, opts) -> dict:
-    """τ of the trained drafter and of the same drafter at its initial weights, by real speculative decoding."""
-    from dfp_shared.models import load_causal_lm
+def acceptance(drafter, target, tokenizer, prompts: list[torch.Tensor], *, max_new_tokens: int,
+               layer_ids: list[int]) -> dict:
+    """τ over token-id prompts by real speculative decoding (the evaluator's decode loop, greedy verify)."""
+    from .evaluate import default_stop_ids, speculative_decode
 
-    from .evaluate import acceptance_length
+    stops = default_stop_ids(tokenizer)
+    dev = drafter.fc.weight.device
+    tokens = steps = 0
+    per_prompt = []
+    for ids in prompts:
+        out = speculative_decode(drafter, target, ids.to(dev), max_new_tokens=max_new_tokens, layer_ids=layer_ids,
+                                 stop_token_ids=stops)
+        n, k = sum(out["steps"]), len(out["steps"])
+        per_prompt.append(n / k if k else 0.0)
+        tokens, steps = tokens + n, steps + k
+    return {"tau": tokens / steps if steps else 0.0, "steps": steps, "new_tokens": tokens, "per_prompt": per_prompt}
+
+
+def evaluate_drafters(setup, drafter, opts) -> dict:
+    """τ of the trained drafter and of the same drafter at its initial weights, by real speculative decoding.
+
+    The prompts are the held-out samples' own prompt tokens (chat template and thinking mode exactly
+    as the dataset was tokenized, which is how the drafter will serve).
+    """
+    from dfp_shared.models import load_causal_lm
 
     prompts = eval_prompts(setup)
     if not prompts:
@@ -45,19 +65,18 @@ def evaluate_drafters(setup, drafter, opts) -> dict:
     target = getattr(setup.source, "model", None)  # the in-process target is already loaded
     if target is None:
         target = load_causal_lm(str(setup.model_dir), device=str(next(drafter.parameters()).device))
-    kwargs = dict(max_new_tokens=spec.eval_max_new_tokens, enable_thinking=spec.enable_thinking,
-                  layer_ids=setup.layer_ids)
+    kwargs = dict(max_new_tokens=spec.eval_max_new_tokens, layer_ids=setup.layer_ids)
     was_training = drafter.training
     drafter.eval()
     trained_state = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
     with torch.no_grad():
-        trained = acceptance_length(drafter, target, setup.tokenizer, prompts, **kwargs)
+        trained = acceptance(drafter, target, setup.tokenizer, prompts, **kwargs)
         drafter.load_state_dict(setup.initial_state)
-        untrained = acceptance_length(drafter, target, setup.tokenizer, prompts, **kwargs)
+        untrained = acceptance(drafter, target, setup.tokenizer, prompts, **kwargs)
         drafter.load_state_dict(trained_state)
     drafter.train(was_training)
     return {"tau_trained": float(trained["tau"]), "tau_untrained": float(untrained["tau"]),
-            "eval_prompts": len(prompts), "eval_trained": _plain(trained), "eval_untrained": _plain(untrained)}
+            "eval_prompts": len(prompts), "eval_trained": trained, "eval_untrained": untrained}
 
 
 def _plain(d: dict) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -52,12 +53,17 @@ def self_generated_samples(model_dir: Path, num: int = 32, new_tokens: int = 48,
     return tokens, masks
 
 
+@functools.lru_cache(maxsize=8)
+def _fingerprints(tokenizer_dir: str) -> tuple[str, str]:
+    tok = load_tokenizer(tokenizer_dir)
+    return tokenizer_fingerprint(tok), chat_template_fingerprint(tok)
+
+
 def write_dataset(uri: str, tokens: list, masks: list, tokenizer_dir: Path, *, shards: int = 2,
                   endpoint_url: str | None = None, fingerprint: str | None = None) -> str:
     """Write a token dataset (shards + manifest) as the tokenizer service lays it out."""
-    tok = load_tokenizer(tokenizer_dir)
-    meta = {"tokenizer_fingerprint": fingerprint or tokenizer_fingerprint(tok),
-            "chat_template_fingerprint": chat_template_fingerprint(tok)}
+    tok_fp, tpl_fp = _fingerprints(str(tokenizer_dir))
+    meta = {"tokenizer_fingerprint": fingerprint or tok_fp, "chat_template_fingerprint": tpl_fp}
     store = open_store(uri, endpoint_url=endpoint_url)
     entries = []
     per = max(1, -(-len(tokens) // shards))

@@ -4,19 +4,29 @@ Writes (submit, cancel) go through the shared sync :class:`~dfp_shared.jobs.JobS
 :mod:`dfp_shared.submit` in a thread; the hot reads (``GET /v1/jobs/{id}``, event streams, rate
 limits) use ``redis.asyncio`` so they never block the event loop. Records are decoded by the
 same ``JobStore`` code, so the key layout lives in one place.
+
+Record reads are batched: every ``get`` issued in one event-loop turn waits for one Lua call that
+reads all of them (record, counters, totals) in a single round trip. Each read still starts after
+its request arrived, so nothing is served stale; under load, the client-side cost of a Redis
+command (most of a request's CPU) is shared by the whole batch. The keys of one batch must live
+on one Redis node (a single Redis or a primary with replicas, as the chart deploys; not Cluster).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import redis.asyncio as aioredis
 from dfp_shared.jobs import JobNotFound, JobRecord, JobStore
 
-# One command instead of a three-command pipeline: a third of the client-side work per read.
-_READ = """
-return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[1] .. ':counters'),
-        redis.call('HGETALL', KEYS[1] .. ':totals')}
+_READ_MANY = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = {redis.call('HGETALL', key), redis.call('HGETALL', key .. ':counters'),
+            redis.call('HGETALL', key .. ':totals')}
+end
+return out
 """
 
 
@@ -25,15 +35,59 @@ def _pairs(flat: list) -> dict:
 
 
 class AsyncJobReader:
-    def __init__(self, client: aioredis.Redis):
+    def __init__(self, client: aioredis.Redis, max_batch: int = 512):
         self.r = client
-        self._read = client.register_script(_READ)
+        self.max_batch = max_batch
+        self._read_many = client.register_script(_READ_MANY)
+        self._waiting: dict[str, list[asyncio.Future]] = {}
+        self._flush_scheduled = False
+        self._inflight: set[asyncio.Task] = set()
 
     async def get(self, job_id: str) -> JobRecord:
-        rec, counters, totals = await self._read(keys=[JobStore._key(job_id)])
-        if not rec:
-            raise JobNotFound(job_id)
-        return JobStore._record(_pairs(rec), _pairs(counters), _pairs(totals))
+        """The job's record (raises JobNotFound), read in this loop turn's batch."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._waiting.setdefault(job_id, []).append(future)
+        if len(self._waiting) >= self.max_batch:
+            self._flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._waiting:
+            return
+        batch, self._waiting = self._waiting, {}
+        task = asyncio.ensure_future(self._read(batch))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _read(self, batch: dict[str, list[asyncio.Future]]) -> None:
+        ids = list(batch)
+        try:
+            rows = await self._read_many(keys=[JobStore._key(job_id) for job_id in ids])
+        except BaseException as exc:  # every waiter gets the error (Redis down -> 503)
+            for futures in batch.values():
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for job_id, (rec, counters, totals) in zip(ids, rows):
+            if rec:
+                result: JobRecord | Exception = JobStore._record(_pairs(rec), _pairs(counters), _pairs(totals))
+            else:
+                result = JobNotFound(job_id)
+            for future in batch[job_id]:
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
 
     async def events(self, job_id: str, after: str, block_ms: int | None,
                      count: int = 100) -> list[tuple[str, str, dict]]:

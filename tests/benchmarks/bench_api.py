@@ -1,0 +1,191 @@
+"""Benchmark: GET /v1/jobs/{id} under concurrent load on loopback.
+
+Three servers, each one uvicorn process with the production settings of ``dflash-pipeline api
+serve`` (uvloop, httptools, no access log, one worker), loaded in turn by the same async
+load generator (50 keep-alive connections, raw HTTP/1.1) for the same time:
+
+* project  - ``dflash-pipeline api serve``: bearer-key auth, Redis rate limit, async Redis read of
+  the job record, progress/ETA, response model, metrics middleware;
+* baseline - the naive way: a FastAPI route in a sync ``def`` (thread pool) reading the record with
+  the sync redis client, no auth or rate limit;
+* limit    - a bare FastAPI ``async def`` endpoint returning a constant.
+
+All three run side by side; rounds interleave them (each server's median round counts), so a
+change in the machine's load affects all three alike. Figures: requests/s (higher is better) and
+p99 latency. Goal: vs_limit >= 0.5, p99 < 50 ms.
+Run: ``python tests/benchmarks/bench_api.py [--seconds 4] [--rounds 3] [--clients 50]``; last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "services"), str(ROOT)]
+
+KEY = "dfp_bench-key-000000000000000000"
+NAMES = ("project", "baseline", "limit")
+
+
+# servers of the baseline and the limit (run in a child process)
+
+def serve_reference(kind: str, port: int, redis_url: str) -> None:
+    import redis
+    import uvicorn
+    from dfp_shared.jobs import JobStore
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    if kind == "limit":
+        @app.get("/v1/jobs/{job_id}")
+        async def constant(job_id: str):
+            return {"id": job_id, "state": "running"}
+    else:
+        store = JobStore(redis.Redis.from_url(redis_url, decode_responses=True))
+
+        @app.get("/v1/jobs/{job_id}")
+        def naive(job_id: str):
+            return store.get(job_id).to_dict()
+
+    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", access_log=False,
+                log_level="warning")
+
+
+# load generator
+
+async def _client(host: str, port: int, path: str, headers: str, stop_at: float, lat: list, errors: list) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{headers}\r\n".encode()
+    try:
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            await reader.readexactly(length)
+            lat.append(time.perf_counter() - t0)
+            if status != 200:
+                errors.append(status)
+    finally:
+        writer.close()
+
+
+async def load(port: int, path: str, headers: str, clients: int, seconds: float, warmup: float) -> dict:
+    warm_lat: list = []
+    await asyncio.gather(*[_client("127.0.0.1", port, path, headers, time.perf_counter() + warmup, warm_lat, [])
+                           for _ in range(clients)])
+    lat: list = []
+    errors: list = []
+    start = time.perf_counter()
+    await asyncio.gather(*[_client("127.0.0.1", port, path, headers, start + seconds, lat, errors)
+                           for _ in range(clients)])
+    elapsed = time.perf_counter() - start
+    lat.sort()
+    return {"rps": len(lat) / elapsed, "p50_ms": 1000 * lat[len(lat) // 2], "p99_ms": 1000 * lat[int(len(lat) * 0.99)],
+            "requests": len(lat), "errors": len(errors)}
+
+
+def _start(cmd: list[str], env: dict, port: int):
+    from tests.support.servers import wait_for_port
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, timeout=60)
+    except Exception:
+        proc.kill()
+        raise RuntimeError(f"server did not start: {proc.stderr.read().decode()[-2000:]}") from None
+    return proc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=4.0, help="Measured seconds per server and round.")
+    ap.add_argument("--warmup", type=float, default=1.0, help="Unmeasured seconds before each measurement.")
+    ap.add_argument("--rounds", type=int, default=3, help="Rounds; the median round of each server counts.")
+    ap.add_argument("--clients", type=int, default=50, help="Concurrent keep-alive connections.")
+    ap.add_argument("--serve", choices=["limit", "baseline"], help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--redis-url", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        return serve_reference(args.serve, args.port, args.redis_url)
+
+    import uvloop
+    from dfp_shared.jobs import JobStore
+    from dfp_shared.submit import submit_job
+
+    from tests.support.servers import RedisServer, free_port
+
+    redis_server = RedisServer().start()
+    try:
+        r = redis_server.client()
+        job, _ = submit_job(r, "tokenize", {"input": "s3://bench/completions/", "output": "s3://bench/tokens",
+                                            "tokenizer": "/models/qwen3"})
+        jobs = JobStore(r)
+        jobs.start(job.id)
+        jobs.set_totals(job.id, files=1000, tasks=1000)
+        for i in range(137):
+            jobs.complete_task(job.id, f"part-{i:05d}.jsonl", files=1, samples=512, tokens=1_200_000)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "services"), str(ROOT), env.get("PYTHONPATH", "")])
+        path = f"/v1/jobs/{job.id}"
+        servers = {}
+        try:
+            for name in NAMES:
+                port = free_port()
+                if name == "project":
+                    entry = {"name": "bench", "sha256": hashlib.sha256(KEY.encode()).hexdigest(), "scopes": ["read"]}
+                    cmd = [sys.executable, "-m", "dfp_cli.main", "api", "serve", "--host", "127.0.0.1",
+                           "--port", str(port), "--redis-url", redis_server.url,
+                           "--rate-limit-per-s", "1000000", "--rate-limit-burst", "1000000"]
+                    proc = _start(cmd, {**env, "DFLASH_API_KEYS": json.dumps([entry]), "DFLASH_LOG_LEVEL": "WARNING"},
+                                  port)
+                    headers = f"Authorization: Bearer {KEY}\r\n"
+                else:
+                    cmd = [sys.executable, __file__, "--serve", name, "--port", str(port), "--redis-url",
+                           redis_server.url]
+                    proc = _start(cmd, env, port)
+                    headers = ""
+                servers[name] = (proc, port, headers)
+            # rounds interleave the three servers, so a load change on the machine hits all of them
+            rounds: dict[str, list[dict]] = {name: [] for name in NAMES}
+            for i in range(args.rounds):
+                for name in NAMES:
+                    _, port, headers = servers[name]
+                    res = uvloop.run(load(port, path, headers, args.clients, args.seconds, args.warmup))
+                    rounds[name].append(res)
+                    print(f"round {i + 1} {name:>8}: {res['rps']:8.0f} req/s  p50 {res['p50_ms']:6.1f} ms  "
+                          f"p99 {res['p99_ms']:6.1f} ms  ({res['requests']} requests, {res['errors']} non-200)",
+                          flush=True)
+        finally:
+            for proc, _, _ in servers.values():
+                proc.terminate()
+                proc.wait(15)
+        results = {name: sorted(rs, key=lambda r: r["rps"])[len(rs) // 2] for name, rs in rounds.items()}
+    finally:
+        redis_server.stop()
+    p, b, lim = (results[k]["rps"] for k in ("project", "baseline", "limit"))
+    print(json.dumps({
+        "benchmark": "api", "unit": "requests/s", "project": round(p, 1), "baseline": round(b, 1), "limit": round(lim, 1),
+        "vs_baseline": round(p / b, 3), "vs_limit": round(p / lim, 3),
+        "p99_ms_project": round(results["project"]["p99_ms"], 2), "p99_ms_baseline": round(results["baseline"]["p99_ms"], 2),
+        "p99_ms_limit": round(results["limit"]["p99_ms"], 2), "clients": args.clients,
+        "seconds_per_round": args.seconds, "rounds": args.rounds,
+        "errors": sum(r["errors"] for rs in rounds.values() for r in rs),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -44,8 +44,8 @@ def api(make_app, redis_client):
 
 
 @pytest.fixture(scope="session")
-def qwen3_tokenizer(qwen3_tokenizer_dir):
-    """The real Qwen3 tokenizer, loaded once for the session's tokenize workers."""
-    from dfp_shared.tokenizer_assets import load_tokenizer
+def encoders(tmp_path_factory):
+    """The tokenizer service's encoder cache, shared so the real Qwen3 tokenizer loads once."""
+    from dfp_tokenizer.tasks import EncoderCache
 
-    return load_tokenizer(qwen3_tokenizer_dir)
+    return EncoderCache(cache_dir=str(tmp_path_factory.mktemp("tokenizer-cache")))

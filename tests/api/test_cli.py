@@ -49,7 +49,7 @@ def cli(url: str, key: str, *args: str, timeout: float = 120) -> subprocess.Comp
                           timeout=timeout, env=_env(DFLASH_API_URL=url, DFLASH_API_KEY=key))
 
 
-def test_client_commands_against_the_server(server, redis_client, qwen3_tokenizer, qwen3_tokenizer_dir, tmp_path):
+def test_client_commands_against_the_server(server, redis_client, encoders, qwen3_tokenizer_dir, tmp_path):
     url, proc = server
     spec_file = tmp_path / "gen.yaml"
     spec_file.write_text("prompts: s3://bucket/prompts/\noutput: s3://bucket/out\n")
@@ -81,7 +81,7 @@ def test_client_commands_against_the_server(server, redis_client, qwen3_tokenize
 
     # a job run to completion by a real worker, watched live by the client
     completions = write_completions(tmp_path / "completions", files=3, per_file=2)
-    worker, thread = start_worker(redis_client, qwen3_tokenizer)
+    worker, thread = start_worker(redis_client, encoders)
     try:
         done = cli(url, WRITE_KEY, "submit", "tokenize", "--input", completions, "--output",
                    (tmp_path / "tokens").as_uri(), "--tokenizer", str(qwen3_tokenizer_dir), "--watch")

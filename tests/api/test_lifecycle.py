@@ -23,10 +23,10 @@ def _wait(predicate, timeout=30.0):
     raise AssertionError("condition not reached")
 
 
-def test_submit_progress_events_completion(api, redis_client, qwen3_tokenizer, qwen3_tokenizer_dir, tmp_path):
+def test_submit_progress_events_completion(api, redis_client, encoders, qwen3_tokenizer_dir, tmp_path):
     completions = write_completions(tmp_path / "completions", files=4, per_file=5)
     output = (tmp_path / "tokens").as_uri()
-    worker, thread = start_worker(redis_client, qwen3_tokenizer)
+    worker, thread = start_worker(redis_client, encoders)
     try:
         resp = api.post("/v1/jobs", json={"type": "tokenize", "spec": {
             "input": completions, "output": output, "tokenizer": str(qwen3_tokenizer_dir)}})
@@ -46,7 +46,8 @@ def test_submit_progress_events_completion(api, redis_client, qwen3_tokenizer, q
     assert done == sorted(done) and done[-1] == 4
     assert progress[-1]["progress"]["units"]["files"]["total"] == 4
     end = events[-1]
-    assert end[0] == "end" and end[2]["state"] == "succeeded" and end[2]["outputs"] == {"dataset": output}
+    assert end[0] == "end" and end[2]["state"] == "succeeded"
+    assert end[2]["outputs"]["dataset"].rstrip("/") == output and end[2]["outputs"]["samples"] == 20
 
     job = api.get(f"/v1/jobs/{job_id}").json()
     assert job["state"] == "succeeded" and job["error"] is None
@@ -57,17 +58,19 @@ def test_submit_progress_events_completion(api, redis_client, qwen3_tokenizer, q
     dataset = load_dataset(output)
     assert len(dataset.sample_ids) == 20 and int(dataset.loss_mask.sum()) > 0
 
+    assert any(e == "planned" and d == {"files": 4} for e, _, d in events)  # the worker's own event, relayed
+
     # resuming the stream after the last state event replays nothing but the final summary
     last_state_id = ids[-1]
     resumed = read_events(api, job_id, headers={"Last-Event-ID": last_state_id})
     assert [e for e, _, _ in resumed] == ["progress", "end"]
 
 
-def test_cancel_mid_job(api, redis_client, qwen3_tokenizer, qwen3_tokenizer_dir, tmp_path):
+def test_cancel_mid_job(api, redis_client, encoders, qwen3_tokenizer_dir, tmp_path):
     completions = write_completions(tmp_path / "completions", files=6, per_file=3)
     output = tmp_path / "tokens"
     gate = threading.Event()
-    worker, thread = start_worker(redis_client, qwen3_tokenizer, gate=gate)
+    worker, thread = start_worker(redis_client, encoders, gate=gate)
     try:
         job_id = api.post("/v1/jobs", json={"type": "tokenize", "spec": {
             "input": completions, "output": output.as_uri(), "tokenizer": str(qwen3_tokenizer_dir)}}).json()["id"]

@@ -32,7 +32,7 @@ def _stage_job(api, pipeline_id: str, stage: str, timeout: float = 30.0) -> dict
     raise AssertionError(f"stage {stage} never started")
 
 
-def test_stages_run_in_order_and_a_failed_stage_fails_the_pipeline(api, redis_client, qwen3_tokenizer,
+def test_stages_run_in_order_and_a_failed_stage_fails_the_pipeline(api, redis_client, encoders,
                                                                    qwen3_tokenizer_dir, tmp_path):
     spec = _pipeline_spec(tmp_path, qwen3_tokenizer_dir)
     pipeline = api.post("/v1/jobs", json={"type": "pipeline", "spec": spec}).json()
@@ -49,7 +49,7 @@ def test_stages_run_in_order_and_a_failed_stage_fails_the_pipeline(api, redis_cl
     tok = _stage_job(api, pid, "tokenize")
     assert tok["spec"]["input"] == completions and tok["spec"]["output"] == spec["tokenize"]["output"]
     assert "train_job" not in api.get(f"/v1/jobs/{pid}").json()["outputs"]
-    worker, thread = start_worker(redis_client, qwen3_tokenizer)
+    worker, thread = start_worker(redis_client, encoders)
     try:
         train = _stage_job(api, pid, "train")
     finally:

@@ -1,8 +1,7 @@
-"""A real tokenize worker for API tests: real Qwen3 tokenizer, real files, real token shards.
+"""The tokenizer service's own worker, run in a thread for API tests, and completion files for it.
 
-It follows the task contract (plan -> one task per input file -> finalize -> ``finish_job``) so
-the API is exercised against real queue consumption, progress counters and job completion.
-``gate``, when given, makes each file task wait for it (a test can cancel the job mid-way).
+``gate``, when given, holds every file task until it is set (so a test can cancel a job while a
+task is in hand); plan and finalize tasks pass straight through.
 """
 
 from __future__ import annotations
@@ -11,69 +10,24 @@ import json
 import threading
 
 import redis
-from dfp_shared.jobs import JobState, JobStore
+from dfp_shared.jobs import JobStore
 from dfp_shared.queue import TaskQueue
-from dfp_shared.storage import open_store
-from dfp_shared.submit import PLAN_KEY, finish_job
-from dfp_shared.token_shards import build_manifest, encode_shard, shard_entry
-from dfp_shared.tokenizer_assets import chat_template_fingerprint, tokenizer_fingerprint
+from dfp_shared.submit import PLAN_KEY
 from dfp_shared.worker import Worker
-
-FINALIZE_KEY = "finalize"
-
-
-def _shard_name(key: str) -> str:
-    return key.rsplit("/", 1)[-1].removesuffix(".jsonl")
+from dfp_tokenizer.tasks import FINALIZE_KEY, KIND, EncoderCache, TokenizeHandler
 
 
-class TokenizeHandler:
-    def __init__(self, r: redis.Redis, tokenizer, gate: threading.Event | None = None):
-        self.r = r
-        self.queue = TaskQueue(r, "tokenize")
-        self.tok = tokenizer
-        self.meta = {"tokenizer_fingerprint": tokenizer_fingerprint(self.tok),
-                     "chat_template_fingerprint": chat_template_fingerprint(self.tok)}
-        self.gate = gate
+def start_worker(r: redis.Redis, encoders: EncoderCache,
+                 gate: threading.Event | None = None) -> tuple[Worker, threading.Thread]:
+    """A tokenize worker thread; ``encoders`` is shared across tests so the tokenizer loads once."""
+    handler = TokenizeHandler(r, encoders)
 
-    def __call__(self, task, ctx) -> None:
-        spec = ctx.jobs.get(task.job_id).spec
-        if task.key == PLAN_KEY:
-            keys = sorted(k for k in open_store(spec["input"]).list() if k.endswith(".jsonl"))
-            ctx.jobs.set_totals(task.job_id, files=len(keys), tasks=len(keys))
-            self.queue.enqueue_many(task.job_id, [(k, {"file": k}) for k in keys])
-        elif task.key == FINALIZE_KEY:
-            out = open_store(spec["output"])
-            entries = [shard_entry(k, out.get(k)) for k in sorted(out.list("shards/"))]
-            out.put("manifest.json", json.dumps(build_manifest(entries)).encode())
-            finish_job(self.r, task.job_id, JobState.succeeded, outputs={"dataset": spec["output"]})
-        else:
-            self._tokenize_file(task, ctx, spec)
+    def gated(task, ctx):
+        if gate is not None and task.key not in (PLAN_KEY, FINALIZE_KEY):
+            gate.wait(30)
+        return handler(task, ctx)
 
-    def _tokenize_file(self, task, ctx, spec) -> None:
-        if self.gate is not None:
-            self.gate.wait(30)
-        ctx.check()
-        lines = open_store(spec["input"]).get(task.key).decode().splitlines()
-        ids, tokens, masks = [], [], []
-        for line in lines:
-            rec = json.loads(line)
-            prompt = self.tok.apply_chat_template(rec["messages"][:-1], tokenize=False, add_generation_prompt=True)
-            full = self.tok.apply_chat_template(rec["messages"], tokenize=False)
-            p_ids = self.tok(prompt, add_special_tokens=False)["input_ids"]
-            f_ids = self.tok(full, add_special_tokens=False)["input_ids"]
-            ids.append(rec["id"])
-            tokens.append(f_ids)
-            masks.append([0] * len(p_ids) + [1] * (len(f_ids) - len(p_ids)))
-        data = encode_shard(ids, tokens, masks, {**self.meta, "source": task.key})
-        open_store(spec["output"]).put(f"shards/{_shard_name(task.key)}.safetensors", data)
-        if ctx.jobs.complete_task(task.job_id, task.key, files=1, samples=len(ids), tokens=sum(map(len, tokens))):
-            if ctx.jobs.all_tasks_done(task.job_id):
-                self.queue.enqueue(task.job_id, FINALIZE_KEY, {})
-
-
-def start_worker(r: redis.Redis, tokenizer, gate: threading.Event | None = None) -> tuple[Worker, threading.Thread]:
-    """Run a worker thread; ``tokenizer`` is a loaded Hugging Face tokenizer (see :func:`load_tokenizer`)."""
-    worker = Worker(TaskQueue(r, "tokenize"), JobStore(r), TokenizeHandler(r, tokenizer, gate), block_ms=200)
+    worker = Worker(TaskQueue(r, KIND), JobStore(r), gated, block_ms=200)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     return worker, thread

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import torch
-
 from dfp_shared.storage import open_store
 from dfp_shared.token_shards import build_manifest, encode_shard, shard_entry
 from dfp_shared.tokenizer_assets import chat_template_fingerprint, load_tokenizer, tokenizer_fingerprint

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from dfp_shared.token_shards import load_dataset
-from dfp_trainer.data import (BatchSampler, DataError, collate, load_training_data, micro_batches, plan_epoch,
-                              rank_share, trainable_samples)
+from dfp_trainer.data import (
+    BatchSampler,
+    DataError,
+    collate,
+    load_training_data,
+    micro_batches,
+    plan_epoch,
+    rank_share,
+    trainable_samples,
+)
+
 from tests.trainer.data_support import write_dataset
 
 

@@ -8,7 +8,6 @@ import time
 
 import pytest
 import torch
-
 from dfp_trainer.stages import Pipeline, fetch_hidden
 
 

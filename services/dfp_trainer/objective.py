@@ -7,8 +7,8 @@ Each anchor opens a block of B tokens: the anchor token at block position 0, the
 strictly before ``a`` and its own whole block. The output at block position k (1..B-1) is trained
 to be the sequence's token at ``a + k`` (no shift), weighted ``exp(-(k-1)/gamma)``, masked by the
 loss mask at ``a + k`` and by ``a + k < length``; the loss is normalised by the weights. Logits go
-through the frozen LM head in chunks, each recomputed in the backward pass, so only one chunk of
-logits is alive at a time.
+through the frozen LM head in chunks; with several chunks each is recomputed in the backward pass,
+so only one chunk of logits is alive at a time.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def dflash_loss(drafter, input_ids: torch.Tensor, loss_mask: torch.Tensor, targe
     for start in range(0, rows.numel(), logits_chunk):
         r = rows[start:start + logits_chunk]
         args = (hidden[r], flat_labels[r], flat_w[r], model.lm_head)
-        if torch.is_grad_enabled() and hidden.requires_grad:
+        if torch.is_grad_enabled() and hidden.requires_grad and rows.numel() > logits_chunk:
             part, ok = checkpoint(_chunk_loss, *args, use_reentrant=False)
         else:
             part, ok = _chunk_loss(*args)

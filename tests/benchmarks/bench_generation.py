@@ -54,7 +54,7 @@ def main() -> None:
         wait_for_port(port)
         base = f"http://127.0.0.1:{port}/v1"
         engine = OpenAIEngine(base, "target", concurrency=args.concurrency, timeout_s=60, max_retries=0)
-        engine.generate(requests(args.concurrency, "warm"), params)  # open the connections once
+        engine.generate(requests(args.concurrency, "warm"), params)  # open the connections (kept across calls)
 
         start = time.perf_counter()
         results = engine.generate(requests(n, "p"), params)
@@ -67,6 +67,7 @@ def main() -> None:
                 resp = client.post(base + "/chat/completions", json=engine.body(req, params))
                 resp.raise_for_status()
             baseline_s = time.perf_counter() - start
+        engine.close()
     finally:
         server.terminate()
         server.wait(10)

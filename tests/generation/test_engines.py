@@ -118,6 +118,7 @@ def test_openai_retries_faults_and_reports_failures(tmp_path, tiny_qwen3_dir):
                               backoff_base_s=0.01, backoff_max_s=0.05)
         plan = plan_shards(spec.prompts, 100)
         outcome = ShardRunner(spec, engine).run(plan.source.root, plan.shards[0])
+        engine.close()
     finally:
         server.stop()
     records = read_jsonl(tmp_path / "out" / "completions" / "shard-00000.jsonl")
@@ -151,6 +152,7 @@ def test_openai_reasoning_field_and_thinking_off(openai_server):
     reqs = [GenRequest("a", [{"role": "user", "content": "hi"}], 1)]
     on = engine.generate(reqs, SamplingParams(0.6, 0.95, 32, thinking=True))[0]
     off = engine.generate(reqs, SamplingParams(0.6, 0.95, 32, thinking=False))[0]
+    engine.close()
     assert (on.reasoning, on.content) == ("thinking about: hi", "answer to: hi")
     assert (off.reasoning, off.content) == (None, "answer to: hi")
     assert json.loads(json.dumps(openai_server.bodies[-1]))["chat_template_kwargs"] == {"enable_thinking": False}
@@ -161,6 +163,7 @@ def test_openai_connection_refused_is_an_error_not_a_crash():
 
     engine = OpenAIEngine(f"http://127.0.0.1:{free_port()}/v1", "m", max_retries=1, backoff_base_s=0.01)
     res = engine.generate([GenRequest("a", [{"role": "user", "content": "hi"}], 1)], SamplingParams(0, 1, 8, True))
+    engine.close()
     assert not res[0].ok and "connection error" in res[0].error and res[0].attempts == 2
 
 

@@ -14,6 +14,7 @@ import asyncio
 import email.utils
 import logging
 import random
+import threading
 import time
 from collections import deque
 
@@ -44,40 +45,69 @@ class OpenAIEngine(Engine):
         self.backoff_max_s = backoff_max_s
         self.extra_body = extra_body or {}
         self._ssl = None  # one TLS context for every slot (loading the CA bundle is slow)
+        self._clients: list[httpx.AsyncClient] = []  # one per slot, kept open across generate() calls
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        """The engine's event loop, on its own thread, so connections stay open from shard to shard."""
+        if self._loop is None:
+            factory = _uvloop_factory() or asyncio.new_event_loop
+            self._loop = factory()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="openai-engine", daemon=True)
+            self._thread.start()
+        return self._loop
 
     def generate(self, requests: list[GenRequest], params: SamplingParams, *, on_result: ResultCallback | None = None,
                  should_stop: StopCheck | None = None) -> list[GenResult]:
+        """Runs on the engine's loop thread; ``on_result`` and ``should_stop`` are called from it."""
         coro = self.agenerate(requests, params, on_result=on_result, should_stop=should_stop)
-        if not hasattr(asyncio, "Runner"):  # Python 3.10
-            return asyncio.run(coro)
-        with asyncio.Runner(loop_factory=_uvloop_factory()) as runner:
-            return runner.run(coro)
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop()).result()
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+
+        async def close_clients() -> None:
+            await asyncio.gather(*(c.aclose() for c in self._clients), return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(close_clients(), self._loop).result(30)
+        self._clients.clear()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+        self._loop.close()
+        self._loop = self._thread = None
+
+    def _client(self, index: int) -> httpx.AsyncClient:
+        # one keep-alive connection per slot: a shared pool scans all its connections for every
+        # request, which costs more CPU than the request itself at high concurrency
+        if self._ssl is None:
+            self._ssl = httpx.create_ssl_context()
+        while len(self._clients) <= index:
+            self._clients.append(httpx.AsyncClient(timeout=self.timeout, limits=ONE_CONNECTION, headers=self.headers,
+                                                   verify=self._ssl))
+        return self._clients[index]
 
     async def agenerate(self, requests: list[GenRequest], params: SamplingParams, *,
                         on_result: ResultCallback | None = None, should_stop: StopCheck | None = None) -> list[GenResult]:
-        if self._ssl is None:
-            self._ssl = httpx.create_ssl_context()
+        """The requests on ``concurrency`` slots; runs on the engine's loop (see :meth:`generate`)."""
         pending = deque(requests)
         results: list[GenResult] = []
         stopped = False
 
-        async def slot() -> None:
-            # one keep-alive connection per slot: a shared pool scans all its connections for every
-            # request, which costs more CPU than the request itself at high concurrency
+        async def slot(client: httpx.AsyncClient) -> None:
             nonlocal stopped
-            async with httpx.AsyncClient(timeout=self.timeout, limits=ONE_CONNECTION, headers=self.headers,
-                                         verify=self._ssl) as client:
-                while pending and not stopped:
-                    if should_stop and should_stop():
-                        stopped = True
-                        return
-                    req = pending.popleft()
-                    res = await self._request(client, req, params)
-                    results.append(res)
-                    if on_result:
-                        on_result(res)
+            while pending and not stopped:
+                if should_stop and should_stop():
+                    stopped = True
+                    return
+                req = pending.popleft()
+                res = await self._request(client, req, params)
+                results.append(res)
+                if on_result:
+                    on_result(res)
 
-        await asyncio.gather(*(slot() for _ in range(min(self.concurrency, len(requests)))))
+        await asyncio.gather(*(slot(self._client(i)) for i in range(min(self.concurrency, len(requests)))))
         return results
 
     def body(self, req: GenRequest, params: SamplingParams) -> dict:

@@ -26,7 +26,7 @@ def live_app(make_app, redis_client):
 
 
 @schema.parametrize()
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 def test_api_matches_its_openapi_document(case, live_app):
     # Every built-in check but "schema-valid data is accepted": job specs carry cross-field rules
     # (e.g. generate's model is required with the transformers engine) that JSON Schema cannot state,

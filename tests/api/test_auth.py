@@ -108,3 +108,21 @@ def test_auth_disabled_gives_every_caller_all_scopes(make_app, redis_client):
         created = client.post("/v1/jobs", json=GEN)
         assert created.status_code == 201
         assert client.post(f"/v1/jobs/{created.json()['id']}/cancel").json()["state"] == "cancelled"
+
+
+def test_leased_tokens_never_exceed_the_shared_bucket(redis_server, redis_client):
+    import asyncio
+
+    import redis.asyncio as aioredis
+    from dfp_api.ratelimit import RateLimiter
+
+    async def run() -> list[bool]:
+        client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+        replicas = [RateLimiter(client, rate_per_s=0.01, burst=10, lease=4) for _ in range(3)]
+        decisions = [await replicas[i % 3].hit("ci") for i in range(30)]
+        await client.aclose()
+        return [d.allowed for d in decisions]
+
+    allowed = asyncio.run(run())
+    assert sum(allowed) == 10  # the burst, split across replicas in leases, and not one more
+    assert allowed[:3] == [True, True, True] and not any(allowed[12:])

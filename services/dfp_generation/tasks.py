@@ -123,7 +123,8 @@ class GenerationHandler:
         shard = ShardPlan.from_payload(task.payload)
         runner = ShardRunner(spec, self.engine(spec), endpoint_url=self.settings.s3_endpoint_url,
                              checkpoint_interval_s=self.settings.checkpoint_interval_s)
-        state = {"done": 0, "tokens": 0, "checked": time.monotonic(), "cancelled": False}
+        started = time.monotonic()
+        state = {"done": 0, "tokens": 0, "checked": started, "cancelled": False}
 
         def on_result(res: GenResult) -> None:
             state["done"] += 1
@@ -134,7 +135,8 @@ class GenerationHandler:
                 state["cancelled"] = ctx.cancelled()
                 self.jobs.emit(task.job_id, "progress", {"shard": shard.key, "done": state["done"],
                                                          "of": shard.prompts * spec.samples_per_prompt,
-                                                         "output_tokens": state["tokens"]})
+                                                         "output_tokens": state["tokens"],
+                                                         "tokens_per_s": round(state["tokens"] / (now - started), 2)})
 
         def should_stop() -> bool:
             return state["cancelled"] or ctx.stopping.is_set()

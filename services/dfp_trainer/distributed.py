@@ -86,7 +86,7 @@ class CommTimer:
 
 
 def _timed_allreduce_hook(timer: CommTimer, process_group=None):
-    def hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def hook(state, bucket):  # no annotations: DDP checks them, and they are strings here
         start = time.perf_counter()
         group = process_group or dist.group.WORLD
         tensor = bucket.buffer().div_(dist.get_world_size(group))

@@ -11,12 +11,15 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.storage import open_store
 from dfp_shared.submit import submit_job
+
+from tests.support.servers import free_port
 
 from .conftest import read_jsonl, write_jsonl
 from .openai_server import LoopbackOpenAI
@@ -131,8 +134,8 @@ def test_cancel_stops_a_running_shard(tmp_path, redis_server, redis_client):
         server.stop()
 
 
-def _worker_proc(redis_url: str, log_path: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "services") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+def _worker_proc(redis_url: str, log_path: Path, metrics_port: int = 0) -> subprocess.Popen:
+    env = {**os.environ, "DFLASH_METRICS_PORT": str(metrics_port), "PYTHONPATH": str(ROOT / "services") + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "DFLASH_REDIS_URL": redis_url, "DFLASH_LEASE_MS": "1500", "DFLASH_CHECKPOINT_INTERVAL_S": "0.2",
            "DFLASH_BACKOFF_BASE_S": "0.01", "DFLASH_BACKOFF_MAX_S": "0.05"}
     return subprocess.Popen([sys.executable, "-m", "dfp_cli.main", "generation", "worker", "--idle-exit-s", "3"],
@@ -162,9 +165,12 @@ def test_worker_killed_mid_shard_job_completes_with_every_prompt_once(tmp_path, 
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         assert jobs.get(job.id).state == JobState.running
-        second = _worker_proc(redis_server.url, log)
+        port = free_port()
+        second = _worker_proc(redis_server.url, log, metrics_port=port)
         while time.monotonic() < deadline and not jobs.get(job.id).state.terminal:
             time.sleep(0.1)
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert 'dfp_generation_completions_total{engine="openai"}' in metrics
         second.send_signal(signal.SIGTERM)
         second.wait(20)
         rec = jobs.get(job.id)

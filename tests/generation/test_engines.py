@@ -104,6 +104,14 @@ def test_transformers_greedy_is_deterministic_and_batching_does_not_change_it(ti
         assert (batched[rid].content, batched[rid].reasoning) == (alone[rid].content, alone[rid].reasoning)
 
 
+def test_transformers_too_long_prompt_fails_alone(tiny_engine):
+    reqs = [GenRequest("long", [{"role": "user", "content": "word " * (tiny_engine.max_positions + 10)}], 1),
+            GenRequest("short", [{"role": "user", "content": "hi"}], 2)]
+    got = {r.id: r for r in tiny_engine.generate(reqs, SamplingParams(0.0, 1.0, 3, True))}
+    assert not got["long"].ok and got["long"].error.startswith("prompt too long:")
+    assert got["short"].ok and got["short"].completion_tokens > 0
+
+
 def test_openai_retries_faults_and_reports_failures(tmp_path, tiny_qwen3_dir):
     server = LoopbackOpenAI(latency=0.01, stall_s=1.5, reasoning="inline").start()
     try:

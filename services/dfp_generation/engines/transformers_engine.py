@@ -23,7 +23,7 @@ class TransformersEngine(Engine):
 
     def __init__(self, model_uri: str, *, device: str | None = None, dtype: str | None = None, batch_size: int = 8,
                  endpoint_url: str | None = None, model_name: str | None = None):
-        from dfp_shared.models import load_causal_lm, local_model_dir
+        from dfp_shared.models import load_causal_lm, local_model_dir, text_config
         from dfp_shared.tokenizer_assets import load_tokenizer
 
         path = local_model_dir(model_uri, endpoint_url=endpoint_url)
@@ -43,6 +43,7 @@ class TransformersEngine(Engine):
             elif isinstance(eos, list):
                 stops.update(eos)
         self.stop_ids = sorted(stops)
+        self.max_positions = getattr(text_config(self.model.config), "max_position_embeddings", None)
         log.info("transformers engine ready", extra={"model": self.model_name, "device": str(self.device),
                                                      "batch_size": batch_size})
 
@@ -56,13 +57,19 @@ class TransformersEngine(Engine):
         results: list[GenResult] = []
         for req in requests:
             try:
-                rendered.append((req, self.tokenizer(self.render(req.messages, params.thinking),
-                                                     add_special_tokens=False)["input_ids"]))
+                ids = self.tokenizer(self.render(req.messages, params.thinking), add_special_tokens=False)["input_ids"]
             except Exception as exc:  # noqa: BLE001 - a template error belongs to this prompt only
-                res = GenResult(id=req.id, error=f"chat template failed: {type(exc).__name__}: {exc}")
-                results.append(res)
-                if on_result:
-                    on_result(res)
+                ids, error = None, f"chat template failed: {type(exc).__name__}: {exc}"
+            else:
+                error = (f"prompt too long: {len(ids)} tokens, the model's context is {self.max_positions}"
+                         if self.max_positions and len(ids) >= self.max_positions else None)
+            if error is None:
+                rendered.append((req, ids))
+                continue
+            res = GenResult(id=req.id, error=error)
+            results.append(res)
+            if on_result:
+                on_result(res)
         rendered.sort(key=lambda item: len(item[1]))
         for start in range(0, len(rendered), self.batch_size):
             if should_stop and should_stop():

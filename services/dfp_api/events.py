@@ -2,7 +2,8 @@
 
 Events recorded by the job code (``state``, ``stage``, and whatever workers ``emit``) are relayed
 with their stream id as the SSE id, so a client resumes with ``Last-Event-ID``. Between them the
-stream checks the job's counters and sends a ``progress`` event when they changed. When the job
+stream checks the job's counters and sends a ``progress`` event when they changed (for a pipeline,
+also its current stage's counters, included as ``stage``). When the job
 is terminal the stream sends ``end`` (final state, error, outputs) and closes.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from dfp_shared.jobs import JobRecord
+from dfp_shared.jobs import JobNotFound, JobRecord
 from fastapi.sse import ServerSentEvent
 
 from .store import AsyncJobReader
@@ -19,8 +20,29 @@ from .store import AsyncJobReader
 PROGRESS_MIN_INTERVAL_S = 0.25
 
 
-def _progress(rec: JobRecord) -> dict:
-    return {"state": rec.state.value, "counters": rec.counters, "totals": rec.totals, "progress": rec.progress()}
+STAGES_LATEST_FIRST = ("train", "tokenize", "generate")
+
+
+def _progress(rec: JobRecord, stage: JobRecord | None) -> dict:
+    out = {"state": rec.state.value, "counters": rec.counters, "totals": rec.totals, "progress": rec.progress()}
+    if stage is not None:
+        out["stage"] = {"name": stage.stage, "job_id": stage.id, "state": stage.state.value,
+                        "progress": stage.progress()}
+    return out
+
+
+async def _current_stage(reader: AsyncJobReader, rec: JobRecord) -> JobRecord | None:
+    """A pipeline's latest stage job (its progress is the pipeline's detail), else None."""
+    if rec.type != "pipeline":
+        return None
+    for stage in STAGES_LATEST_FIRST:
+        job_id = rec.outputs.get(f"{stage}_job")
+        if job_id:
+            try:
+                return await reader.get(job_id)
+            except JobNotFound:
+                return None
+    return None
 
 
 async def job_events(reader: AsyncJobReader, job_id: str, *, after: str = "0-0", poll_s: float = 1.0,
@@ -35,11 +57,13 @@ async def job_events(reader: AsyncJobReader, job_id: str, *, after: str = "0-0",
             cursor = event_id
             yield ServerSentEvent(event=event_type or "message", id=event_id, data=data)
         rec = await reader.get(job_id)
-        seen = (rec.state, rec.counters, rec.totals)
+        stage = await _current_stage(reader, rec)
+        seen = (rec.state, rec.counters, rec.totals,
+                (stage.id, stage.state, stage.counters, stage.totals) if stage else None)
         now = time.monotonic()
         if seen != last_seen and (rec.state.terminal or now - last_sent >= PROGRESS_MIN_INTERVAL_S):
             last_seen, last_sent = seen, now
-            yield ServerSentEvent(event="progress", data=_progress(rec))
+            yield ServerSentEvent(event="progress", data=_progress(rec, stage))
         if rec.state.terminal:
             while rows := await reader.events(job_id, cursor, block_ms=None, count=1000):
                 for event_id, event_type, data in rows:

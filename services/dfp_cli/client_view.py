@@ -108,7 +108,10 @@ def watch_job(api, job_id: str) -> int:
 
         def show(prefix: str, record: dict) -> None:
             units = record["progress"]["units"]
+            primary = record["progress"].get("primary_unit")
             for unit, u in units.items():
+                if u["total"] is None and unit != primary:
+                    continue
                 name = f"{prefix}{unit}"
                 total = u["total"]
                 if name not in bars:
@@ -120,13 +123,8 @@ def watch_job(api, job_id: str) -> int:
         for event, _, data in sse_events(api, job_id):
             if event == "progress":
                 show("", {"progress": data["progress"]})
-                if job["type"] == "pipeline":
-                    current = api.call("GET", f"/v1/jobs/{job_id}").json()
-                    stage_id = next((current["outputs"][f"{s}_job"] for s in ("train", "tokenize", "generate")
-                                     if f"{s}_job" in current["outputs"]), None)
-                    if stage_id:
-                        show_stage = api.call("GET", f"/v1/jobs/{stage_id}").json()
-                        show(f"{show_stage['stage']}:", show_stage)
+                if data.get("stage"):  # a pipeline's current stage
+                    show(f"{data['stage']['name']}:", data["stage"])
             elif event == "state":
                 progress.console.print(f"state: {data.get('previous', '-')} -> {data['state']}"
                                        + (f"  {data['error']}" if data.get("error") else ""))

@@ -65,6 +65,8 @@ def test_stages_run_in_order_and_a_failed_stage_fails_the_pipeline(api, redis_cl
     events = read_events(api, pid)
     stages = [d["stage"] for e, _, d in events if e == "stage"]
     assert stages == ["generate", "tokenize", "train"]
+    stage_progress = [d["stage"] for e, _, d in events if e == "progress" and "stage" in d]
+    assert stage_progress[-1]["name"] == "train" and stage_progress[-1]["state"] == "failed"
     end = events[-1][2]
     assert end["state"] == "failed" and "stage train" in end["error"] and "loss is NaN at step 3" in end["error"]
     job = api.get(f"/v1/jobs/{pid}").json()

@@ -55,14 +55,21 @@ def encode_shard(sample_ids: Sequence[str], token_lists: Sequence[Sequence[int]]
             raise ValueError(f"sample {sid!r}: {len(toks)} tokens but {len(mask)} mask entries")
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    ids = np.fromiter((t for toks in token_lists for t in toks), dtype=np.int32, count=int(offsets[-1]))
-    mask = np.fromiter((m for ms in mask_lists for m in ms), dtype=np.uint8, count=int(offsets[-1]))
+    ids = _flat(token_lists, np.int32)
+    mask = _flat(mask_lists, np.uint8)
     meta = {"format": FORMAT, "num_samples": str(len(sample_ids)), "num_tokens": str(int(offsets[-1])),
             "num_trained_tokens": str(int(mask.sum(dtype=np.int64))), "sample_ids": json.dumps(list(sample_ids))}
     for k, v in (metadata or {}).items():
         meta[k] = v if isinstance(v, str) else json.dumps(v)
     return _canonical(st_save({"input_ids": torch.from_numpy(ids), "loss_mask": torch.from_numpy(mask),
                                "offsets": torch.from_numpy(offsets)}, metadata=meta))
+
+
+def _flat(lists: Sequence[Sequence[int]], dtype) -> np.ndarray:
+    """Concatenate per-sample lists or arrays (no per-token Python loop)."""
+    if not lists:
+        return np.zeros(0, dtype=dtype)
+    return np.concatenate([np.asarray(x, dtype=dtype).reshape(-1) for x in lists])
 
 
 def _canonical(data: bytes) -> bytes:

@@ -1,0 +1,83 @@
+"""The train worker: a train job from Redis runs to completion with progress, outputs in S3; bad input fails fast."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from dfp_shared.jobs import JobState, JobStore
+from dfp_shared.queue import TaskQueue
+from dfp_shared.storage import open_store
+from dfp_shared.submit import submit_job
+from dfp_shared.worker import Worker
+from dfp_trainer.settings import TrainerSettings
+from dfp_trainer.worker import TrainHandler
+
+from tests.trainer.data_support import write_dataset
+from tests.trainer.train_support import cli, subprocess_env, tiny_spec, torch_threads
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    with torch_threads(1):
+        yield
+
+
+def test_worker_completes_a_train_job_and_reports_progress(redis_server, redis_client, s3_server, s3_bucket,
+                                                           tiny_qwen3_dir, tiny_dataset):
+    output = f"{s3_bucket}/runs/r1"
+    spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, output, steps=5, checkpoint_every=2, eval_prompts=2,
+                     eval_max_new_tokens=6)
+    job, _ = submit_job(redis_client, "train", spec)
+    settings = TrainerSettings(redis_url=redis_server.url, s3_endpoint_url=s3_server.endpoint_url, device="cpu",
+                               progress_every_s=0.001)
+    jobs = JobStore(redis_client)
+    worker = Worker(TaskQueue(redis_client, "train", lease_ms=settings.lease_ms), jobs,
+                    TrainHandler(settings, redis_client), heartbeat_s=0.5)
+    assert worker.run(max_tasks=1, idle_exit_s=5) == 1
+
+    rec = jobs.get(job.id)
+    assert rec.state == JobState.succeeded, rec.error
+    assert rec.counters["steps"] == 5 and rec.totals["steps"] == 5
+    for key in ("loss", "tokens_per_s", "data_wait_fraction", "lr", "accuracy"):
+        assert key in rec.counters, key
+    assert 0 <= rec.counters["data_wait_fraction"] <= 1
+    progress = rec.progress()
+    assert "steps" in json.dumps(progress)
+    events = [e for _, kind, e in jobs.events(job.id) if kind == "progress"]
+    assert [e["step"] for e in events] == [1, 2, 3, 4, 5]
+    assert events[-1]["loss"] < events[0]["loss"]
+
+    out = open_store(output, endpoint_url=s3_server.endpoint_url)
+    assert rec.outputs["drafter"] == output + "/drafter/"
+    assert rec.outputs["report"] == output + "/report.json"
+    assert rec.outputs["checkpoints"] == output + "/checkpoints/"
+    config = json.loads(out.get("drafter/config.json"))
+    assert config["architectures"] == ["DFlashDraftModel"]
+    report = json.loads(out.get("report.json"))
+    ev = report["evaluation"]
+    assert ev["eval_prompts"] == 2 and ev["tau_trained"] >= 1.0 and ev["tau_untrained"] >= 1.0
+    assert len(report["summary"]["per_position_accuracy"]) == spec["block_size"] - 1
+    for png in ("loss_curve.png", "position_accuracy.png"):
+        assert out.get(png)[:8] == b"\x89PNG\r\n\x1a\n"
+    ckpt = json.loads(out.get("checkpoints/latest.json"))
+    assert ckpt["step"] == 5
+    assert [k for k in out.list("checkpoints/") if k.endswith("model.safetensors")] == [
+        "checkpoints/step-00000004/model.safetensors", "checkpoints/step-00000005/model.safetensors"]
+
+
+def test_worker_fails_a_job_with_a_foreign_dataset_at_once(tmp_path, redis_server, redis_client, tiny_qwen3_dir,
+                                                           tiny_samples):
+    foreign = write_dataset(f"file://{tmp_path}/foreign", *tiny_samples, tiny_qwen3_dir,
+                            fingerprint="0000111122223333")
+    job, _ = submit_job(redis_client, "train", tiny_spec(foreign, tiny_qwen3_dir, f"file://{tmp_path}/out"))
+    done = subprocess.run(cli("trainer", "worker", "--max-tasks", "1", "--idle-exit", "10",
+                              "--redis-url", redis_server.url),
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rec = JobStore(redis_client).get(job.id)
+    assert rec.state == JobState.failed
+    assert "tokenizer_fingerprint is '0000111122223333'" in rec.error and "another tokenizer" in rec.error
+    assert TaskQueue(redis_client, "train").dead_letters() == []  # bad input is not retried
+    assert not list(open_store(f"file://{tmp_path}/out").list(""))  # no step ran

@@ -23,6 +23,7 @@ assistant message, e.g. ``<|im_end|>``), so it includes a ``<think>`` block and 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from .records import TEMPLATE_ALIGNMENT, TEMPLATE_ERROR, SampleError
 
 MARKER_CHARS = [("\ue000", "\ue001"), ("\uf8f0", "\uf8f1"), ("\U000f0000", "\U000f0001")]
 PROBE = "\ue002probe\ue003"
+SKELETON_CACHE = 4096
 
 
 @dataclass
@@ -44,16 +46,27 @@ class TurnSpan:
 
 
 def _compile(template: str):
+    """The template in transformers' own sandboxed Jinja environment (a private copy of it), with the
+    sandbox's attribute check memoised for ``str`` methods (it depends only on the name there)."""
     try:
-        from transformers.utils.chat_template_utils import _compile_jinja_template
+        from transformers.utils.chat_template_utils import _cached_compile_jinja_template as compile_
+    except ImportError:  # pragma: no cover - older transformers
+        from transformers.utils.chat_template_utils import _compile_jinja_template as compile_
+    compiled = compile_(template)
+    env = compiled.environment
+    check = env.is_safe_attribute
+    str_safe: dict[str, bool] = {}
 
-        return _compile_jinja_template(template)
-    except ImportError:  # pragma: no cover - older transformers: the same environment, built here
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    def is_safe_attribute(obj, attr, value):
+        if type(obj) is str:
+            safe = str_safe.get(attr)
+            if safe is None:
+                safe = str_safe[attr] = check(obj, attr, value)
+            return safe
+        return check(obj, attr, value)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        return env.from_string(template)
+    env.is_safe_attribute = is_safe_attribute
+    return compiled
 
 
 def _candidates(value: str) -> list[str]:
@@ -76,6 +89,7 @@ class TemplateLocator:
         self.variables = {**special_tokens, **(template_kwargs or {}), "enable_thinking": thinking}
         self.thinking = thinking
         self.specials = sorted(set(special_token_texts), key=len, reverse=True)
+        self._skeletons: dict[tuple, tuple[list[str], list]] = {}
         self.generation_prompt = self._probe_generation_prompt()
         self.end_of_turn = self._probe_end_of_turn()
 
@@ -156,16 +170,24 @@ class TemplateLocator:
                 fields.append((i, "content"))
             if self.thinking and m["role"] == "assistant" and m.get("reasoning"):
                 fields.append((i, "reasoning"))
-        values = {f: f"{open_}{n}{close}" for n, f in enumerate(fields)}
-        try:
-            skeleton = self.render(self.template_messages(messages, values))
-        except Exception:  # noqa: BLE001
-            return None
-        pieces = re.split(f"{open_}(\\d+){close}", skeleton)
-        literals, order = pieces[0::2], [fields[int(n)] for n in pieces[1::2]]
-        if len(set(order)) != len(order):
-            return None  # a template that prints a text twice: no single span
-        return self._align(text, literals, order, messages, strict)
+        # with every text replaced, the skeleton depends only on the conversation's structure: cache it
+        key = None if only_assistant else (open_, tuple(_shape(m) for m in messages))
+        parsed = self._skeletons.get(key) if key else None
+        if parsed is None:
+            values = {f: f"{open_}{n}{close}" for n, f in enumerate(fields)}
+            try:
+                skeleton = self.render(self.template_messages(messages, values))
+            except Exception:  # noqa: BLE001
+                return None
+            pieces = re.split(f"{open_}(\\d+){close}", skeleton)
+            parsed = pieces[0::2], [fields[int(n)] for n in pieces[1::2]]
+            if len(set(parsed[1])) != len(parsed[1]):
+                return None  # a template that prints a text twice: no single span
+            if key:
+                if len(self._skeletons) >= SKELETON_CACHE:
+                    self._skeletons.clear()
+                self._skeletons[key] = parsed
+        return self._align(text, parsed[0], parsed[1], messages, strict)
 
     @staticmethod
     def _align(text: str, literals: list[str], order: list, messages: list[dict], strict: bool) -> dict | None:
@@ -223,3 +245,10 @@ class TemplateLocator:
             turns.append(TurnSpan(i, gen_start, gen_end, r, c))
         return turns
 
+
+def _shape(m: dict) -> tuple:
+    """What of a message the skeleton depends on once its texts are markers."""
+    extra = tuple((k, json.dumps(v, sort_keys=True, default=str)) for k, v in sorted(m.items())
+                  if k not in ("role", "content", "reasoning"))
+    r = m.get("reasoning")
+    return m["role"], bool(m["content"]), None if r is None else bool(r), extra

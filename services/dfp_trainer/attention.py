@@ -140,7 +140,7 @@ def _flex_attention(q, k, v, block_mask):
 
     if q.device.type == "cuda":
         if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=False)
+            _compiled_flex = torch.compile(flex_attention)
         fn = _compiled_flex
     else:  # eager reference implementation (used by tests to check it against SDPA)
         fn = flex_attention

@@ -45,6 +45,19 @@ class TurnSpan:
     content: tuple[int, int] | None
 
 
+class Message(dict):
+    """A message dict whose keys also read as attributes (``message.content``), the way templates
+    read them: the sandbox then finds them without an AttributeError per lookup."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 def _compile(template: str):
     """The template in transformers' own sandboxed Jinja environment (a private copy of it), with the
     sandbox's attribute check memoised for ``str`` methods (it depends only on the name there)."""
@@ -57,13 +70,16 @@ def _compile(template: str):
     check = env.is_safe_attribute
     str_safe: dict[str, bool] = {}
 
+    msg_safe: dict[str, bool] = {}
+
     def is_safe_attribute(obj, attr, value):
-        if type(obj) is str:
-            safe = str_safe.get(attr)
-            if safe is None:
-                safe = str_safe[attr] = check(obj, attr, value)
-            return safe
-        return check(obj, attr, value)
+        memo = str_safe if type(obj) is str else msg_safe if type(obj) is Message else None
+        if memo is None:
+            return check(obj, attr, value)
+        safe = memo.get(attr)
+        if safe is None:
+            safe = memo[attr] = check(obj, attr, value)
+        return safe
 
     env.is_safe_attribute = is_safe_attribute
     return compiled
@@ -106,7 +122,7 @@ class TemplateLocator:
             if reasoning is not None:
                 reasoning = values.get((i, "reasoning"), reasoning) if values else reasoning
                 msg = {"thinking": reasoning, **msg, "reasoning_content": reasoning}
-            out.append(msg)
+            out.append(Message(msg))
         return out
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:

@@ -16,7 +16,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from . import service
 from .deps import ExistingJob, JobId, Reader, Reading, Settings, State, SyncRedis, Writing
-from .errors import ApiError
 from .events import job_events
 from .schemas import Health, Job, JobPage, JobRequest, JobType, error_responses
 
@@ -66,7 +65,8 @@ async def list_jobs(_: Reading, r: SyncRedis, settings: Settings,
                     limit: Annotated[int, Query(ge=1, le=10_000, description="Page size.")] = 50) -> JobPage:
     """Jobs, newest first, filtered by state and type."""
     if limit > settings.max_page_size:
-        raise ApiError(422, "invalid_request", f"limit: at most {settings.max_page_size}")
+        raise RequestValidationError([{"loc": ("query", "limit"), "type": "less_than_equal",
+                                       "msg": f"Input should be less than or equal to {settings.max_page_size}"}])
     page, total = await run_in_threadpool(service.list_jobs, r, state.value if state else None,
                                           type.value if type else None, offset, limit)
     return JobPage(items=[_job(rec) for rec in page], total=total, offset=offset, limit=limit)

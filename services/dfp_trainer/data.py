@@ -11,7 +11,8 @@ shards -> three flat tensors). Batches are index tensors planned per epoch with 
    gets the same number of samples;
 4. the batch order shuffled again.
 
-Collation gathers the padded ``(B, T)`` tensors with one index computation, no Python lists.
+Collation copies each sample's contiguous slice of the flat buffers into the padded ``(B, T)``
+tensors; no per-token Python work.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from dfp_shared.token_shards import TokenDataset, load_dataset
 
@@ -34,7 +36,7 @@ class DataError(ValueError):
 class Batch:
     """Padded token batch (CPU). ``index`` are the dataset sample indices (for tracing)."""
 
-    input_ids: torch.Tensor  # (B, T) int64, 0 past each length
+    input_ids: torch.Tensor  # (B, T) int32 (the dataset's dtype), 0 past each length
     loss_mask: torch.Tensor  # (B, T) uint8, 0 past each length
     lengths: torch.Tensor  # (B,) int64
     index: torch.Tensor  # (B,) int64
@@ -215,20 +217,32 @@ def rank_share(indices: torch.Tensor, rank: int, world_size: int) -> torch.Tenso
 
 
 def collate(ds: TokenDataset, indices: torch.Tensor, max_length: int, pin: bool = False) -> Batch:
-    """Gather samples into padded tensors with index arithmetic; samples longer than ``max_length``
-    keep their first ``max_length`` tokens."""
-    indices = indices.to(torch.int64)
-    starts = ds.offsets[indices]  # (B,)
-    lengths = (ds.offsets[indices + 1] - starts).clamp(max=max_length)  # (B,)
-    width = int(lengths.max()) if lengths.numel() else 0
-    cols = torch.arange(width, dtype=torch.int64)
-    valid = cols.unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
-    pos = (starts.unsqueeze(1) + cols.unsqueeze(0)).masked_fill_(~valid, 0)
-    ids = ds.input_ids[pos].to(torch.int64).masked_fill_(~valid, 0)
-    mask = ds.loss_mask[pos].masked_fill_(~valid, 0)
+    """Copy samples into padded tensors: one contiguous slice copy per row from the flat buffers (the
+    samples are contiguous there), into zero-filled (optionally pinned) outputs. Token ids stay int32
+    (the device-side embedding takes them as they are). Samples longer than ``max_length`` keep their
+    first ``max_length`` tokens.
+
+    The work runs on numpy views of the same memory (no copies): a slice copy costs about a
+    microsecond there, several times less than through torch's per-op dispatch.
+    """
+    idx = indices.to(torch.int64).numpy()
+    offsets = ds.offsets.numpy()
+    starts = offsets[idx]  # (B,)
+    lengths = np.minimum(offsets[idx + 1] - starts, max_length)  # (B,)
+    width = int(lengths.max()) if len(idx) else 0
     if pin and torch.cuda.is_available():
-        ids, mask = ids.pin_memory(), mask.pin_memory()
-    return Batch(ids, mask, lengths, indices)
+        ids = torch.zeros(len(idx), width, dtype=ds.input_ids.dtype, pin_memory=True)  # (B, T)
+        mask = torch.zeros(len(idx), width, dtype=ds.loss_mask.dtype, pin_memory=True)  # (B, T)
+        ids_np, mask_np = ids.numpy(), mask.numpy()
+    else:
+        ids_np = np.zeros((len(idx), width), dtype=ds.input_ids.numpy().dtype)
+        mask_np = np.zeros((len(idx), width), dtype=np.uint8)
+        ids, mask = torch.from_numpy(ids_np), torch.from_numpy(mask_np)
+    src_ids, src_mask = ds.input_ids.numpy(), ds.loss_mask.numpy()
+    for row, (a, n) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
+        ids_np[row, :n] = src_ids[a:a + n]
+        mask_np[row, :n] = src_mask[a:a + n]
+    return Batch(ids, mask, torch.from_numpy(lengths), torch.from_numpy(idx))
 
 
 def micro_batches(indices: torch.Tensor, parts: int) -> list[torch.Tensor]:

@@ -242,8 +242,8 @@ class TargetClient:
                 if code not in RETRYABLE or time.monotonic() > deadline:
                     raise SourceUnavailable(f"target {target}: {code.name} {exc.details()}") from None
                 self.stats["retries"] += 1
-                log.warning("target call failed, retrying", extra={"target": target, "code": code.name,
-                                                                    "missing": len(pending)})
+                log.warning("target call to %s failed (%s: %s), retrying %d sequences", target, code.name,
+                            exc.details(), len(pending))
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, self.backoff_max_s)
                 self._maybe_resolve()

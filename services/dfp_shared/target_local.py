@@ -8,6 +8,7 @@ single machine trains without the target service. The forward runs on one dedica
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,11 +34,6 @@ def build_model_info(model, model_dir: str | Path, *, model_id: str | None = Non
     if bad:
         raise ValueError(f"layer ids {bad} do not exist in a model with {num_layers} layers")
     path = Path(model_dir)
-    tok_fp = ""
-    if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
-        from .tokenizer_assets import load_tokenizer, tokenizer_fingerprint
-
-        tok_fp = tokenizer_fingerprint(load_tokenizer(path))
     return ModelInfo(
         model_id=model_id or path.name,
         fingerprint=model_fingerprint(path),
@@ -47,10 +43,20 @@ def build_model_info(model, model_dir: str | Path, *, model_id: str | None = Non
         dtype=dtype_name(next(model.parameters()).dtype),
         layer_ids=served,
         max_tokens_per_request=max_tokens_per_request,
-        tokenizer_fingerprint=tok_fp,
+        tokenizer_fingerprint=_tokenizer_fingerprint(str(path.resolve())),
         max_sequence_length=int(getattr(cfg, "max_position_embeddings", 0) or 0),
         max_message_bytes=max_message_bytes,
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _tokenizer_fingerprint(path: str) -> str:
+    """Fingerprint of the tokenizer saved beside the checkpoint ("" when there is none)."""
+    if not (Path(path) / "tokenizer.json").exists() and not (Path(path) / "tokenizer_config.json").exists():
+        return ""
+    from .tokenizer_assets import load_tokenizer, tokenizer_fingerprint
+
+    return tokenizer_fingerprint(load_tokenizer(path))
 
 
 class InProcessTarget:

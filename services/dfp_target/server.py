@@ -80,6 +80,9 @@ class TargetServer:
             [SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], self.server)
         self.port = self.server.add_insecure_port(f"{settings.host}:{settings.port}")
         self._stop = threading.Event()
+        self._draining = False
+        self._active = 0
+        self._active_cond = threading.Condition()
         self._sweeper: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -96,11 +99,20 @@ class TargetServer:
                                           "layers": str(self.info.layer_ids)})
         return self
 
-    def stop(self, grace: float | None = None) -> None:
-        """Drain: refuse new calls, let calls in flight finish within ``grace`` seconds, stop the batcher."""
+    def stop(self, grace: float | None = None, linger: float = 1.0) -> None:
+        """Drain: refuse new calls, let calls in flight finish within ``grace`` seconds, stop the batcher.
+
+        Calls in flight are awaited before the server stops, then ``linger`` seconds pass so callers
+        read the last bytes before the connections close (a close with unread input resets them).
+        """
         grace = self.settings.drain_seconds if grace is None else grace
         self.health.enter_graceful_shutdown()
-        self.server.stop(grace).wait()
+        with self._active_cond:
+            self._draining = True
+            drained = self._active_cond.wait_for(lambda: self._active == 0, timeout=grace)
+        if drained and linger:
+            self._stop.wait(linger)
+        self.server.stop(1.0).wait()
         self.batcher.close(timeout=grace + 5)
         self._stop.set()
         log.info("target stopped")
@@ -120,6 +132,11 @@ class TargetServer:
     def get_model_info(self, request, context) -> pb.ModelInfo:
         return info_message(self.info)
 
+    def _call_ended(self) -> None:
+        with self._active_cond:
+            self._active -= 1
+            self._active_cond.notify_all()
+
     def _parse(self, request: pb.HiddenStatesRequest):
         sequences = unpack_tokens(request)
         numbers = list(request.sequence_numbers) or list(range(len(sequences)))
@@ -136,6 +153,11 @@ class TargetServer:
         return sequences, layers, segment
 
     def hidden_states(self, request: pb.HiddenStatesRequest, context):
+        with self._active_cond:
+            if self._draining:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the target is draining; use another replica")
+            self._active += 1
+        context.add_callback(self._call_ended)
         try:
             sequences, layers, segment = self._parse(request)
         except (InvalidInput, CodecError, ValueError) as exc:

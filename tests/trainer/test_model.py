@@ -139,6 +139,7 @@ def test_sliding_window_limits_context():
     assert (_blocks(drafter, ids, near, [20]) - base).abs().max() > 1e-3
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_attention_matches_sdpa():
     drafter = small_drafter(layer_types=["sliding_attention", "full_attention"], sliding_window=6)
     torch.manual_seed(4)

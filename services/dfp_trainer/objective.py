@@ -91,6 +91,9 @@ def dflash_loss(drafter, input_ids: torch.Tensor, loss_mask: torch.Tensor, targe
     s, t = input_ids.shape
     dev = input_ids.device
     anchors, valid = sample_anchors(loss_mask, lengths, max_anchors, generator)
+    if anchors.shape[1] == 0:  # nothing to train: one inert block keeps the forward (and DDP) going
+        anchors = torch.zeros(s, 1, dtype=torch.long, device=dev)
+        valid = torch.zeros(s, 1, dtype=torch.bool, device=dev)
     n = anchors.shape[1]
     labels, weights = block_targets(input_ids, loss_mask, lengths, anchors, valid, b, gamma)
 
@@ -104,13 +107,12 @@ def dflash_loss(drafter, input_ids: torch.Tensor, loss_mask: torch.Tensor, targe
 
     flat_w = weights.reshape(-1)
     rows = flat_w.nonzero().squeeze(1)
-    if n == 0 or rows.numel() == 0:
-        zero = sum(p.sum() for p in model.trainable_parameters()) * 0.0  # keeps DDP's graph complete
-        return zero, _metrics(0.0, 0.0, torch.zeros(0, b, device=dev), torch.zeros(0, b, device=dev), 0, b)
-
     masks = training_masks(anchors, b, t, cfg.layer_types, cfg.sliding_window, attention_backend)
     hidden = drafter(block_ids.view(s, n * b), positions.view(s, n * b), target_hidden,
                      torch.arange(t, device=dev), masks)  # (S, N*B, H)
+    if rows.numel() == 0:  # a zero loss that still reaches every parameter (DDP expects all gradients)
+        empty = torch.zeros(0, b, device=dev)
+        return hidden.sum() * 0.0, _metrics(0.0, 0.0, empty, empty, 0, b)
     hidden = hidden.reshape(s * n * b, -1)
     flat_labels = labels.reshape(-1)
     total = hidden.new_zeros((), dtype=torch.float32)

@@ -137,3 +137,12 @@ def test_bad_settings_are_named():
     drafter = small_drafter()
     with pytest.raises(ValueError, match="gamma"):
         dflash_loss(drafter, *_batch(), gamma=0.0)
+
+
+def test_bfloat16_drafter_over_float32_target_parts():
+    drafter = small_drafter().to(torch.bfloat16)
+    ids, loss_mask, feats, lengths = _batch()
+    loss, _ = dflash_loss(drafter, ids, loss_mask, feats.to(torch.bfloat16), lengths, logits_chunk=8)
+    loss.backward()
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    assert drafter.fc.weight.grad.dtype == torch.bfloat16 and drafter.lm_head.weight.dtype == torch.float32

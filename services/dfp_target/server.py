@@ -132,6 +132,17 @@ class TargetServer:
     def get_model_info(self, request, context) -> pb.ModelInfo:
         return info_message(self.info)
 
+    @staticmethod
+    def _wait(fut, context, poll: float = 0.2):
+        """The future's result, noticing a caller that went away while it waits."""
+        while True:
+            try:
+                return fut.result(timeout=poll)
+            except TimeoutError:
+                if not context.is_active():
+                    fut.cancel()
+                    raise CancelledError from None
+
     def _call_ended(self) -> None:
         with self._active_cond:
             self._active -= 1
@@ -186,8 +197,10 @@ class TargetServer:
             offset = 0
             for index, fut in enumerate(futures):
                 try:
-                    states = fut.result()
-                except CancelledError:
+                    states = self._wait(fut, context)
+                except CancelledError:  # the caller went away (or the call was cancelled)
+                    if segment is not None:
+                        self._sweep()
                     return
                 except Exception as exc:  # noqa: BLE001
                     context.abort(grpc.StatusCode.INTERNAL, f"forward failed: {exc}")

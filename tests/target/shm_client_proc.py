@@ -1,0 +1,30 @@
+"""A same-node client that kills itself (SIGKILL) as soon as the first tensor arrives through shared memory.
+
+Usage: python -m tests.target.shm_client_proc PORT SHM_DIR
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import torch
+
+from dfp_shared.target_client import TargetClient
+
+
+async def main(port: int, shm_dir: str) -> None:
+    client = TargetClient(f"127.0.0.1:{port}", shm_dir=shm_dir, tokens_per_call=1 << 16)
+    seqs = [torch.arange(1, 40, dtype=torch.int32) + k for k in range(6)]
+    task = asyncio.ensure_future(client.hidden_states(seqs, [1, 2]))
+    while client.stats["chunks"] == 0:
+        await asyncio.sleep(0.001)
+    print("segments", " ".join(client._pool.names()), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    await task
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2]))

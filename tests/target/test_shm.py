@@ -1,0 +1,93 @@
+"""Same-node path: tensors through shared memory equal the gRPC path's; segments are reused, and none
+is left behind when the client is killed mid-transfer (the server notices and sweeps) or closes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import torch
+
+from dfp_shared import shm_transport
+from dfp_shared.hidden_states import forward_batch
+from dfp_shared.target_client import TargetClient
+from tests.support.cli import cli_env
+
+from .support import random_sequences, run, shm_files, wait_until
+
+
+def test_shm_path_equals_grpc_path_and_reuses_segments(qwen3_model, tiny_qwen3_dir, make_server, shm_dir):
+    server = make_server(qwen3_model, tiny_qwen3_dir, shm_dir=str(shm_dir), chunk_bytes=8192)
+    batches = [random_sequences([9, 50, 3], seed=s) for s in range(3)]
+
+    async def go():
+        via_grpc = TargetClient(f"127.0.0.1:{server.port}")
+        via_shm = TargetClient(f"127.0.0.1:{server.port}", shm_dir=str(shm_dir))
+        try:
+            out = []
+            for seqs in batches:
+                out.append((await via_grpc.hidden_states(seqs, [0, 7]), await via_shm.hidden_states(seqs, [0, 7])))
+            return out, via_shm._pool.names(), via_shm.stats
+        finally:
+            await via_grpc.close()
+            await via_shm.close()
+
+    results, names, stats = run(go())
+    for a_list, b_list in results:
+        assert all(torch.equal(a, b) for a, b in zip(a_list, b_list))
+    assert len(names) == 1  # one segment, reused by every call
+    assert stats["chunks"] == sum(len(b) for b in batches)  # one handle per sequence, no data chunks
+    assert shm_files(shm_dir) == []  # closed: unlinked
+
+
+def test_client_killed_mid_transfer_leaves_no_segment(qwen3_model, tiny_qwen3_dir, make_server, shm_dir):
+    gate = threading.Event()
+    calls = []
+
+    def gated_run(seqs, layers):  # the first forward passes; later ones wait until the client is dead
+        calls.append(len(seqs))
+        if len(calls) > 1:
+            gate.wait(60)
+        return forward_batch(qwen3_model, seqs, layers)
+
+    server = make_server(qwen3_model, tiny_qwen3_dir, run=gated_run, shm_dir=str(shm_dir), max_batch_tokens=40,
+                         shm_sweep_seconds=3600)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tests.target.shm_client_proc", str(server.port), str(shm_dir)],
+                              env=cli_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == -9, proc.stderr
+        segments = proc.stdout.split("segments", 1)[1].split()
+        assert segments and all(name.endswith(".seg") for name in segments)
+        # the server sees the call cancelled and sweeps the dead client's segment and lock file
+        assert wait_until(lambda: shm_files(shm_dir) == [], 30), shm_files(shm_dir)
+    finally:
+        gate.set()
+    # and it keeps serving
+    out = run(TargetClient(f"127.0.0.1:{server.port}", shm_dir=str(shm_dir)).hidden_states(random_sequences([5]), [1]))
+    assert out[0].shape == (5, 64)
+
+
+def test_sweep_removes_only_dead_owners(shm_dir):
+    code = ("import sys, os, signal; from dfp_shared.shm_transport import ShmPool; p = ShmPool(sys.argv[1]); "
+            "p.acquire(1000); p.acquire(5 << 20); print(p.owner, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    proc = subprocess.run([sys.executable, "-c", code, str(shm_dir)], env=cli_env(), capture_output=True, text=True,
+                          timeout=60)
+    dead_owner = proc.stdout.strip()
+    assert len([n for n in shm_files(shm_dir) if dead_owner in n]) == 3  # two segments and the lock
+    with shm_transport.ShmPool(shm_dir) as live:
+        live.release(live.acquire(100))
+        removed = shm_transport.sweep(shm_dir)
+        assert sorted(removed) == sorted(n for n in removed if dead_owner in n) and len(removed) == 3
+        assert all(live.owner in n for n in shm_files(shm_dir)) and len(shm_files(shm_dir)) == 2
+    assert shm_files(shm_dir) == []
+
+
+def test_segment_names_are_checked(shm_dir):
+    for bad in ("../etc/passwd", "dfp-hs-1-zz.seg", "other"):
+        try:
+            shm_transport.open_segment(shm_dir, bad, 10)
+        except shm_transport.ShmError as exc:
+            assert "invalid shared-memory segment name" in str(exc)
+        else:
+            raise AssertionError(f"{bad} accepted")

@@ -31,18 +31,22 @@ def group():
 @click.option("--idle-exit-s", type=float, default=None, help="Exit after this many idle seconds (default: never).")
 def worker(idle_exit_s, **flags):
     """Consume tokenize tasks (plan, files, finalize) with one process per core."""
-    from dfp_shared.metrics import start_metrics_server
+    import os
+    import tempfile
 
-    from .pool import Pool, run_process
     from .settings import TokenizerSettings
 
     settings = settings_or_exit(TokenizerSettings, "tokenizer", **flags)
     n = settings.process_count()
+    if n > 1 and settings.metrics_port:  # before prometheus_client loads: one /metrics for all processes
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="dfp-tokenizer-metrics-"))
+    from .pool import Pool, run_process, start_pool_metrics
+
+    start_pool_metrics(settings.metrics_port)
     if n == 1:
-        start_metrics_server(settings.metrics_port)
         run_process(settings, idle_exit_s=idle_exit_s)
-        return
-    Pool(settings, n, idle_exit_s=idle_exit_s).run()
+    else:
+        Pool(settings, n, idle_exit_s=idle_exit_s).run()
 
 
 @group.command()

@@ -70,6 +70,22 @@ def _child(settings_json: str, slot: int, idle_exit_s: float | None) -> None:
     run_process(settings, idle_exit_s=idle_exit_s, slot=slot)
 
 
+def start_pool_metrics(port: int) -> int:
+    """Serve the metrics of every process of the pool on ``port`` (needs ``PROMETHEUS_MULTIPROC_DIR``
+    set before prometheus_client was imported; without it, this process's metrics only)."""
+    from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
+    if port <= 0:
+        return 0
+    registry = None
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    start_http_server(port, registry=registry) if registry else start_http_server(port)
+    log.info("metrics endpoint listening", extra={"port": port, "processes": "all" if registry else "this"})
+    return port
+
+
 class Pool:
     """Start, watch, restart and stop the worker processes."""
 
@@ -120,6 +136,10 @@ class Pool:
                     continue
                 p.join()
                 del self.children[slot]
+                if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                    from prometheus_client import multiprocess
+
+                    multiprocess.mark_process_dead(p.pid)
                 if p.exitcode != 0 and not self.stopping:
                     log.error("tokenizer process died; starting it again",
                               extra={"slot": slot, "pid": p.pid, "exitcode": p.exitcode})

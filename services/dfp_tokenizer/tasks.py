@@ -26,11 +26,17 @@ from dfp_shared.submit import PLAN_KEY, finish_job
 from dfp_shared.token_shards import MANIFEST, build_manifest
 from dfp_shared.tokenizer_assets import default_cache_dir, load_tokenizer
 from dfp_shared.worker import TaskContext
+from prometheus_client import Counter
 
 from .encoder import SampleEncoder
 from .files import HIST_EDGES, INPUT_SUFFIXES, errors_jsonl, shard_name, tokenize_file
 
 log = logging.getLogger(__name__)
+
+FILES_DONE = Counter("dfp_tokenizer_files_total", "Input files tokenized")
+SAMPLES = Counter("dfp_tokenizer_samples_total", "Samples written to token shards")
+TOKENS = Counter("dfp_tokenizer_tokens_total", "Tokens written to token shards", ["trained"])
+BAD_LINES = Counter("dfp_tokenizer_bad_lines_total", "Input lines rejected, by reason", ["reason"])
 
 KIND = "tokenize"
 FINALIZE_KEY = "finalize"
@@ -143,6 +149,12 @@ class TokenizeHandler:
         part = {"file": uri, "name": name, "entry": res.entry, "stats": res.stats.to_dict()}
         out.put(f"parts/{name}.json", json.dumps(part).encode())  # last: the file is done
         s = res.stats
+        FILES_DONE.inc()
+        SAMPLES.inc(s.samples)
+        TOKENS.labels("yes").inc(s.trained_tokens)
+        TOKENS.labels("no").inc(s.tokens - s.trained_tokens)
+        for reason, n in s.errors.items():
+            BAD_LINES.labels(reason).inc(n)
         self.jobs.complete_task(task.job_id, task.key, files=1, samples=s.samples, tokens=s.tokens,
                                 trained_tokens=s.trained_tokens, bad_lines=sum(s.errors.values()))
         if res.errors:

@@ -11,7 +11,6 @@ import signal
 import sys
 
 import torch
-
 from dfp_shared.target_client import TargetClient
 
 

@@ -8,10 +8,10 @@ import sys
 import threading
 
 import torch
-
 from dfp_shared import shm_transport
 from dfp_shared.hidden_states import forward_batch
 from dfp_shared.target_client import TargetClient
+
 from tests.support.cli import cli_env
 
 from .support import random_sequences, run, shm_files, wait_until

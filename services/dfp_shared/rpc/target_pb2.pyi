@@ -1,10 +1,8 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -36,7 +34,7 @@ class ModelInfo(_message.Message):
     tokenizer_fingerprint: str
     max_sequence_length: int
     max_message_bytes: int
-    def __init__(self, model_id: str | None = ..., fingerprint: str | None = ..., num_layers: int | None = ..., hidden_size: int | None = ..., vocab_size: int | None = ..., dtype: str | None = ..., layer_ids: _Iterable[int] | None = ..., max_tokens_per_request: int | None = ..., tokenizer_fingerprint: str | None = ..., max_sequence_length: int | None = ..., max_message_bytes: int | None = ...) -> None: ...
+    def __init__(self, model_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., dtype: _Optional[str] = ..., layer_ids: _Optional[_Iterable[int]] = ..., max_tokens_per_request: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_sequence_length: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
 
 class ShmTarget(_message.Message):
     __slots__ = ("name", "size")
@@ -44,7 +42,7 @@ class ShmTarget(_message.Message):
     SIZE_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: int
-    def __init__(self, name: str | None = ..., size: int | None = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
 
 class HiddenStatesRequest(_message.Message):
     __slots__ = ("token_ids", "token_dtype", "lengths", "layer_ids", "sequence_numbers", "shm", "request_id")
@@ -62,7 +60,7 @@ class HiddenStatesRequest(_message.Message):
     sequence_numbers: _containers.RepeatedScalarFieldContainer[int]
     shm: ShmTarget
     request_id: str
-    def __init__(self, token_ids: bytes | None = ..., token_dtype: str | None = ..., lengths: _Iterable[int] | None = ..., layer_ids: _Iterable[int] | None = ..., sequence_numbers: _Iterable[int] | None = ..., shm: ShmTarget | _Mapping | None = ..., request_id: str | None = ...) -> None: ...
+    def __init__(self, token_ids: _Optional[bytes] = ..., token_dtype: _Optional[str] = ..., lengths: _Optional[_Iterable[int]] = ..., layer_ids: _Optional[_Iterable[int]] = ..., sequence_numbers: _Optional[_Iterable[int]] = ..., shm: _Optional[_Union[ShmTarget, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class HiddenStatesChunk(_message.Message):
     __slots__ = ("sequence", "dtype", "shape", "total_bytes", "offset", "last", "shm_offset", "in_shm", "data")
@@ -84,4 +82,4 @@ class HiddenStatesChunk(_message.Message):
     shm_offset: int
     in_shm: bool
     data: bytes
-    def __init__(self, sequence: int | None = ..., dtype: str | None = ..., shape: _Iterable[int] | None = ..., total_bytes: int | None = ..., offset: int | None = ..., last: bool | None = ..., shm_offset: int | None = ..., in_shm: bool | None = ..., data: bytes | None = ...) -> None: ...
+    def __init__(self, sequence: _Optional[int] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., last: _Optional[bool] = ..., shm_offset: _Optional[int] = ..., in_shm: _Optional[bool] = ..., data: _Optional[bytes] = ...) -> None: ...

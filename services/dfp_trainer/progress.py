@@ -5,9 +5,19 @@ from __future__ import annotations
 import logging
 import threading
 
+from prometheus_client import Gauge
+
 from .train import Hooks
 
 log = logging.getLogger(__name__)
+
+GAUGES = {
+    "step": Gauge("dfp_trainer_step", "Optimiser steps done in the current run"),
+    "loss": Gauge("dfp_trainer_loss", "Training loss of the last step"),
+    "tokens_per_s": Gauge("dfp_trainer_tokens_per_second", "Training tokens per second, all ranks"),
+    "data_wait_fraction": Gauge("dfp_trainer_data_wait_fraction", "Share of step time spent waiting for data"),
+    "comm_fraction": Gauge("dfp_trainer_comm_fraction", "Share of step time with gradient sync in flight"),
+}
 
 
 def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event | None = None,
@@ -22,6 +32,9 @@ def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event |
 
     def progress(row: dict) -> None:
         scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "total_steps"}
+        for key, gauge in GAUGES.items():
+            if key in scalars:
+                gauge.set(scalars[key])
         log.info("training progress", extra={k: round(v, 6) if isinstance(v, float) else v for k, v in scalars.items()})
         if jobs is None:
             return

@@ -159,16 +159,13 @@ def prepare(spec: TrainSpec, opts: RunOptions, info: DistInfo, source=None) -> S
 
 
 def open_source(target_url: str, model_dir, info: DistInfo):
-    """The hidden-state source named by ``target_url`` (``inprocess`` or gRPC addresses)."""
-    try:
-        from dfp_shared.hidden_states import open_hidden_state_source
-    except ImportError:  # older layout: the opener lives with the client
-        from dfp_shared.target_client import open_hidden_state_source
-    if target_url == "inprocess":
-        from dfp_shared.target_local import InProcessTarget
+    """The hidden-state source named by ``target_url``: ``inprocess`` (the target loaded on this rank's
+    device) or a client of the comma-separated gRPC addresses."""
+    from dfp_shared.target_client import open_hidden_state_source
 
-        return InProcessTarget(str(model_dir), device=str(info.device))
-    return open_hidden_state_source(target_url, str(model_dir))
+    if target_url.strip().lower() == "inprocess":
+        return open_hidden_state_source(target_url, str(model_dir), device=str(info.device))
+    return open_hidden_state_source(target_url)
 
 
 def lr_lambda(spec: TrainSpec, total_steps: int) -> Callable[[int], float]:
@@ -209,7 +206,10 @@ def train(spec: TrainSpec, opts: RunOptions, info: DistInfo, hooks: Hooks | None
         return _train(spec, opts, info, hooks, s, dflash_loss)
     finally:
         if owns_source and hasattr(s.source, "close"):
-            asyncio.run(s.source.close())
+            try:
+                asyncio.run(s.source.close())
+            except Exception as exc:  # noqa: BLE001 - closing must not hide the run's own outcome
+                log.warning("closing the hidden-state source failed", extra={"error": str(exc)})
 
 
 def _train(spec: TrainSpec, opts: RunOptions, info: DistInfo, hooks: Hooks, s: Setup, dflash_loss) -> TrainResult:

@@ -6,6 +6,7 @@ import json
 import subprocess
 
 from dfp_shared.token_shards import load_dataset
+
 from tests.support.cli import cli_cmd, cli_env
 
 from .corpus import jsonl, records

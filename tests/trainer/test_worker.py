@@ -24,11 +24,24 @@ def one_thread():
         yield
 
 
+@pytest.fixture
+def target_server(tiny_qwen3_dir):
+    """The real gRPC target service on a loopback port."""
+    from dfp_target.service import build
+    from dfp_target.settings import TargetSettings
+
+    server = build(TargetSettings(model=str(tiny_qwen3_dir), host="127.0.0.1", port=0, shm_dir="",
+                                  device="cpu")).start()
+    yield f"127.0.0.1:{server.port}"
+    server.stop(grace=1)
+
+
 def test_worker_completes_a_train_job_and_reports_progress(redis_server, redis_client, s3_server, s3_bucket,
-                                                           tiny_qwen3_dir, tiny_dataset):
+                                                           tiny_qwen3_dir, tiny_dataset, target_server):
+    """Hidden states come from the gRPC target service; outputs go to S3."""
     output = f"{s3_bucket}/runs/r1"
     spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, output, steps=5, checkpoint_every=2, eval_prompts=2,
-                     eval_max_new_tokens=6)
+                     eval_max_new_tokens=6, target_url=target_server)
     job, _ = submit_job(redis_client, "train", spec)
     settings = TrainerSettings(redis_url=redis_server.url, s3_endpoint_url=s3_server.endpoint_url, device="cpu",
                                progress_every_s=0.001)

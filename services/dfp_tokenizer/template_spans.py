@@ -60,7 +60,8 @@ class Message(dict):
 
 def _compile(template: str):
     """The template in transformers' own sandboxed Jinja environment (a private copy of it), with the
-    sandbox's attribute check memoised for ``str`` methods (it depends only on the name there)."""
+    sandbox's attribute check memoised: jinja's immutable sandbox decides from the object's type and
+    the attribute name only, never from the value."""
     try:
         from transformers.utils.chat_template_utils import _cached_compile_jinja_template as compile_
     except ImportError:  # pragma: no cover - older transformers
@@ -68,17 +69,13 @@ def _compile(template: str):
     compiled = compile_(template)
     env = compiled.environment
     check = env.is_safe_attribute
-    str_safe: dict[str, bool] = {}
-
-    msg_safe: dict[str, bool] = {}
+    memo: dict[tuple[type, str], bool] = {}
 
     def is_safe_attribute(obj, attr, value):
-        memo = str_safe if type(obj) is str else msg_safe if type(obj) is Message else None
-        if memo is None:
-            return check(obj, attr, value)
-        safe = memo.get(attr)
+        key = (type(obj), attr)
+        safe = memo.get(key)
         if safe is None:
-            safe = memo[attr] = check(obj, attr, value)
+            safe = memo[key] = check(obj, attr, value)
         return safe
 
     env.is_safe_attribute = is_safe_attribute

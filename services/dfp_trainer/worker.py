@@ -69,6 +69,15 @@ class TrainHandler:
         outputs = {k: v for k, v in result["outputs"].items() if v is not None}
         finish_job(self.r, task.job_id, JobState.succeeded, outputs=outputs)
 
+    def _child_env(self) -> dict:
+        """The environment of the torchrun children: this worker's settings as DFLASH_ variables, so
+        flags given to the worker reach every rank."""
+        env = os.environ.copy()
+        for name, value in self.settings.model_dump().items():
+            if value is not None and name != "nproc_per_node":
+                env[f"DFLASH_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+        return env
+
     def _torchrun(self, spec: TrainSpec, task: Task, ctx: TaskContext) -> dict:
         with tempfile.TemporaryDirectory(prefix="dflash-train-") as tmp:
             spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
@@ -77,7 +86,7 @@ class TrainHandler:
             cmd = [sys.executable, "-m", "torch.distributed.run", *extra,
                    "--nproc-per-node", str(self.settings.nproc_per_node), "-m", "dfp_trainer.run",
                    "--spec", str(spec_path), "--job-id", task.job_id, "--result", str(result_path)]
-            proc = subprocess.Popen(cmd, env=os.environ.copy())
+            proc = subprocess.Popen(cmd, env=self._child_env())
             signalled = False
             while proc.poll() is None:
                 if (ctx.stopping.is_set() or ctx.cancelled()) and not signalled:

@@ -94,3 +94,38 @@ def test_worker_fails_a_job_with_a_foreign_dataset_at_once(tmp_path, redis_serve
     assert "tokenizer_fingerprint is '0000111122223333'" in rec.error and "another tokenizer" in rec.error
     assert TaskQueue(redis_client, "train").dead_letters() == []  # bad input is not retried
     assert not list(open_store(f"file://{tmp_path}/out").list(""))  # no step ran
+
+
+def test_a_killed_worker_s_job_resumes_on_another_worker(tmp_path, redis_server, redis_client, tiny_qwen3_dir,
+                                                         tiny_dataset):
+    """SIGKILL the worker mid-run: the task's lease expires, the next worker reclaims it and resumes."""
+    output = f"file://{tmp_path}/out"
+    job, _ = submit_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, output, steps=8,
+                                                         checkpoint_every=2))
+    env = subprocess_env(DFLASH_LEASE_MS=2000)
+    proc = subprocess.Popen(cli("trainer", "worker", "--redis-url", redis_server.url), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if '"checkpoint saved"' in line:
+                proc.kill()
+                break
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    ckpts = open_store(output + "/checkpoints")
+    killed_at = json.loads(ckpts.get("latest.json"))["step"]
+    assert 2 <= killed_at < 8
+    jobs = JobStore(redis_client)
+    assert jobs.get(job.id).state == JobState.running
+
+    settings = TrainerSettings(redis_url=redis_server.url, device="cpu", lease_ms=2000, progress_every_s=0.001)
+    worker = Worker(TaskQueue(redis_client, "train", lease_ms=2000), jobs, TrainHandler(settings, redis_client),
+                    heartbeat_s=0.5)
+    assert worker.run(max_tasks=1, idle_exit_s=15) == 1
+    rec = jobs.get(job.id)
+    assert rec.state == JobState.succeeded, rec.error
+    assert rec.counters["steps"] == 8
+    steps = [e["step"] for _, kind, e in jobs.events(job.id) if kind == "progress"]
+    assert steps[-(8 - killed_at):] == list(range(killed_at + 1, 9))  # continued after the checkpoint
+    assert json.loads(ckpts.get("latest.json"))["step"] == 8

@@ -70,6 +70,29 @@ class Segment:
             torch.frombuffer(self.mm, dtype=torch.uint8, count=n, offset=offset).copy_(src)
         return n
 
+    def view(self, offset: int, dtype: torch.dtype, shape: list[int], on_free=None) -> torch.Tensor:
+        """A zero-copy tensor over the segment; ``on_free()`` runs once no tensor uses that memory any more.
+
+        The view goes through a numpy array (which supports weak references and is what every derived
+        torch view keeps alive), so the segment is reused only after the caller dropped every view.
+        """
+        import weakref
+
+        import numpy as np
+
+        numel = 1
+        for s in shape:
+            numel *= int(s)
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if offset + nbytes > self.size:
+            raise ShmError(f"segment {self.name}: tensor at offset {offset} overruns its {self.size} bytes")
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        array = np.frombuffer(self.mm, dtype=np.uint8, count=nbytes, offset=offset)
+        if on_free is not None:
+            weakref.finalize(array, on_free)
+        return torch.from_numpy(array).view(dtype).view(shape)
+
     def read(self, offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
         """A fresh tensor copied out of the segment (the segment can be reused at once)."""
         numel = 1
@@ -110,6 +133,65 @@ def open_segment(directory: str | Path, name: str, size: int) -> Segment:
     except FileNotFoundError:
         raise ShmError(f"shared-memory segment {name} does not exist in {directory} "
                        "(is the shared-memory directory mounted on both sides?)") from None
+
+
+class SegmentCache:
+    """Server side: mappings of client segments kept across calls (clients reuse their segments).
+
+    An entry is dropped when its file is gone or was replaced (client closed or died), on use and
+    on :meth:`prune`, so no mapping keeps a removed segment's memory alive for long.
+    """
+
+    def __init__(self, directory: str | Path, max_entries: int = 64):
+        self.directory = Path(directory)
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[int, Segment]] = {}
+
+    def open(self, name: str, size: int) -> Segment:
+        path = self.directory / check_name(name)
+        try:
+            inode = os.stat(path).st_ino
+        except FileNotFoundError:
+            raise ShmError(f"shared-memory segment {name} does not exist in {self.directory} "
+                           "(is the shared-memory directory mounted on both sides?)") from None
+        with self._lock:
+            entry = self._entries.pop(name, None)
+            if entry and entry[0] == inode and entry[1].size >= size:
+                self._entries[name] = entry  # most recently used last
+                return entry[1]
+        if entry:
+            _close_quietly(entry[1])
+        seg = open_segment(self.directory, name, size)
+        with self._lock:
+            self._entries[name] = (inode, seg)
+            while len(self._entries) > self.max_entries:
+                _close_quietly(self._entries.pop(next(iter(self._entries)))[1])
+        return seg
+
+    def prune(self) -> None:
+        with self._lock:
+            for name, (inode, seg) in list(self._entries.items()):
+                try:
+                    alive = os.stat(self.directory / name).st_ino == inode
+                except FileNotFoundError:
+                    alive = False
+                if not alive:
+                    del self._entries[name]
+                    _close_quietly(seg)
+
+    def close(self) -> None:
+        with self._lock:
+            entries, self._entries = list(self._entries.values()), {}
+        for _, seg in entries:
+            _close_quietly(seg)
+
+
+def _close_quietly(seg: Segment) -> None:
+    try:
+        seg.close()
+    except (BufferError, OSError):
+        pass
 
 
 def sweep(directory: str | Path) -> list[str]:
@@ -169,6 +251,7 @@ class ShmPool:
         self._lock = threading.Lock()
         self._free: list[Segment] = []
         self._all: dict[str, Segment] = {}
+        self._holds: dict[str, int] = {}
         self._counter = 0
         final = self.directory / f"{PREFIX}-{self.owner}.lock"
         tmp = self.directory / f".{PREFIX}-{self.owner}.lock.tmp"
@@ -187,6 +270,7 @@ class ShmPool:
             if fits:
                 seg = min(fits, key=lambda s: s.size)
                 self._free.remove(seg)
+                self._holds[seg.name] = 1
                 return seg
             self._counter += 1
             name = f"{PREFIX}-{self.owner}-{self._counter}.seg"
@@ -194,12 +278,24 @@ class ShmPool:
         seg = Segment(self.directory / name, size, create=True)
         with self._lock:
             self._all[name] = seg
+            self._holds[name] = 1
         return seg
 
-    def release(self, seg: Segment) -> None:
-        """Return a segment for reuse (unlinking the largest free ones beyond ``max_cached_bytes``)."""
+    def hold(self, seg: Segment) -> None:
+        """One more user of ``seg`` (a tensor viewing it); :meth:`release` once per hold and per acquire."""
         with self._lock:
-            if self.closed:
+            self._holds[seg.name] = self._holds.get(seg.name, 0) + 1
+
+    def release(self, seg: Segment) -> None:
+        """Drop one use; with none left the segment is free for reuse (the largest free ones beyond
+        ``max_cached_bytes`` are unlinked)."""
+        with self._lock:
+            left = self._holds.get(seg.name, 0) - 1
+            if left > 0:
+                self._holds[seg.name] = left
+                return
+            self._holds.pop(seg.name, None)
+            if self.closed or seg.name not in self._all:
                 return
             self._free.append(seg)
             while sum(s.size for s in self._free) > self.max_cached_bytes and self._free:

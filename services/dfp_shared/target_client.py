@@ -258,8 +258,10 @@ class TargetClient:
             header, data = decode_chunk(message)
             i = idx[header.sequence]
             self.stats["chunks"] += 1
-            if header.in_shm:
-                results[i] = segment.read(header.shm_offset, to_dtype(header.dtype), list(header.shape))
+            if header.in_shm:  # zero-copy view; the segment is reused once every view of it is gone
+                self._pool.hold(segment)
+                results[i] = segment.view(header.shm_offset, to_dtype(header.dtype), list(header.shape),
+                                          on_free=lambda seg=segment, pool=self._pool: pool.release(seg))
                 self.stats["bytes"] += header.total_bytes
                 pending.pop(i, None)
                 continue

@@ -84,6 +84,7 @@ class TargetServer:
         self._active = 0
         self._active_cond = threading.Condition()
         self._sweeper: threading.Thread | None = None
+        self.segments = shm_transport.SegmentCache(settings.shm_dir) if settings.shm_dir else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -115,6 +116,8 @@ class TargetServer:
         self.server.stop(1.0).wait()
         self.batcher.close(timeout=grace + 5)
         self._stop.set()
+        if self.segments is not None:
+            self.segments.close()
         log.info("target stopped")
 
     def _sweep_loop(self) -> None:
@@ -124,6 +127,7 @@ class TargetServer:
     def _sweep(self) -> None:
         try:
             shm_transport.sweep(self.settings.shm_dir)
+            self.segments.prune()
         except OSError:
             log.exception("shared-memory sweep failed")
 
@@ -160,7 +164,7 @@ class TargetServer:
             need = sum(len(s) for s in sequences) * len(layers) * self.info.hidden_size * self.itemsize
             if request.shm.size < need:
                 raise InvalidInput(f"shared-memory segment of {request.shm.size} bytes cannot hold {need} bytes")
-            segment = shm_transport.open_segment(self.settings.shm_dir, request.shm.name, need)
+            segment = self.segments.open(request.shm.name, need)
         return sequences, layers, segment
 
     def hidden_states(self, request: pb.HiddenStatesRequest, context):
@@ -177,12 +181,8 @@ class TargetServer:
         try:
             futures = self.batcher.submit(sequences, layers)
         except QueueFull as exc:
-            if segment:
-                segment.close()
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except BatcherClosed as exc:
-            if segment:
-                segment.close()
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         state = {"done": False}
 
@@ -193,28 +193,24 @@ class TargetServer:
                 threading.Thread(target=self._sweep, daemon=True).start()
 
         context.add_callback(finished)
-        try:
-            offset = 0
-            for index, fut in enumerate(futures):
-                try:
-                    states = self._wait(fut, context)
-                except CancelledError:  # the caller went away (or the call was cancelled)
-                    if segment is not None:
-                        self._sweep()
-                    return
-                except Exception as exc:  # noqa: BLE001
-                    context.abort(grpc.StatusCode.INTERNAL, f"forward failed: {exc}")
+        offset = 0
+        for index, fut in enumerate(futures):
+            try:
+                states = self._wait(fut, context)
+            except CancelledError:  # the caller went away (or the call was cancelled)
                 if segment is not None:
-                    n = segment.write(offset, states)
-                    yield encode_chunk(pb.HiddenStatesChunk(
-                        sequence=index, dtype=dtype_name(states.dtype), shape=list(states.shape), total_bytes=n,
-                        last=True, in_shm=True, shm_offset=offset))
-                    offset += n
-                    metrics.SENT_BYTES.labels("shm").inc(n)
-                else:
-                    yield from tensor_chunks(index, states, self.settings.chunk_bytes)
-                    metrics.SENT_BYTES.labels("grpc").inc(states.numel() * states.element_size())
-            state["done"] = True
-        finally:
+                    self._sweep()
+                return
+            except Exception as exc:  # noqa: BLE001
+                context.abort(grpc.StatusCode.INTERNAL, f"forward failed: {exc}")
             if segment is not None:
-                segment.close()
+                n = segment.write(offset, states)
+                yield encode_chunk(pb.HiddenStatesChunk(
+                    sequence=index, dtype=dtype_name(states.dtype), shape=list(states.shape), total_bytes=n,
+                    last=True, in_shm=True, shm_offset=offset))
+                offset += n
+                metrics.SENT_BYTES.labels("shm").inc(n)
+            else:
+                yield from tensor_chunks(index, states, self.settings.chunk_bytes)
+                metrics.SENT_BYTES.labels("grpc").inc(states.numel() * states.element_size())
+        state["done"] = True

@@ -25,19 +25,24 @@ def test_shm_path_equals_grpc_path_and_reuses_segments(qwen3_model, tiny_qwen3_d
         via_grpc = TargetClient(f"127.0.0.1:{server.port}")
         via_shm = TargetClient(f"127.0.0.1:{server.port}", shm_dir=str(shm_dir))
         try:
-            out = []
-            for seqs in batches:
-                out.append((await via_grpc.hidden_states(seqs, [0, 7]), await via_shm.hidden_states(seqs, [0, 7])))
-            return out, via_shm._pool.names(), via_shm.stats
+            same = []
+            for seqs in batches:  # tensors from shm view the segment; dropping them frees it for reuse
+                a_list, b_list = await via_grpc.hidden_states(seqs, [0, 7]), await via_shm.hidden_states(seqs, [0, 7])
+                same.append(all(torch.equal(a, b) for a, b in zip(a_list, b_list)))
+                kept = b_list[1][3:10]  # a derived view keeps the segment in use
+                del a_list, b_list
+            held = await via_shm.hidden_states(batches[0], [0, 7])  # so this call needs a second segment
+            return same, via_shm._pool.names(), via_shm.stats, kept, held
         finally:
             await via_grpc.close()
             await via_shm.close()
 
-    results, names, stats = run(go())
-    for a_list, b_list in results:
-        assert all(torch.equal(a, b) for a, b in zip(a_list, b_list))
-    assert len(names) == 1  # one segment, reused by every call
-    assert stats["chunks"] == sum(len(b) for b in batches)  # one handle per sequence, no data chunks
+    same, names, stats, kept, held = run(go())
+    assert all(same)
+    assert len(names) == 2  # one segment reused by the three calls, a second while a view of the first lives
+    assert stats["chunks"] == sum(len(b) for b in batches) + len(batches[0])  # one handle per sequence, no data
+    expected = forward_batch(qwen3_model, batches[2], [0, 7])[1][3:10]
+    assert torch.equal(kept, expected)  # the view was not overwritten by the later call
     assert shm_files(shm_dir) == []  # closed: unlinked
 
 

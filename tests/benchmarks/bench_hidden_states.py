@@ -143,7 +143,6 @@ def best_rate(fn, nbytes: int, repeats: int) -> float:
 
 def measure_target(sequences: int, repeats: int, chunk_bytes: int, channels: int, shm_dir: str | None) -> float:
     import torch
-
     from dfp_shared.target_client import TargetClient
 
     port = free_port()

@@ -14,6 +14,7 @@ computed or kept.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -132,6 +133,15 @@ def capture_layers(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
         return fn
 
+    with _model_lock(model):  # hooks are per-model state: one capture at a time per model
+        return _capture(base, layers, wanted, deepest, captured, hook, input_ids, attention_mask, layer_ids)
+
+
+def _model_lock(model) -> threading.Lock:
+    return model.__dict__.setdefault("_dflash_capture_lock", threading.Lock())
+
+
+def _capture(base, layers, wanted, deepest, captured, hook, input_ids, attention_mask, layer_ids):
     handles = [layers[i].register_forward_hook(hook(i)) for i in sorted(wanted)]
     try:
         with torch.inference_mode():

@@ -50,9 +50,13 @@ class Batch:
         return [self.input_ids[i, : int(n)] for i, n in enumerate(self.lengths.tolist())]
 
 
-def load_training_data(uri: str, *, endpoint_url: str | None = None, tokenizer_fingerprint: str | None = None,
+def load_training_data(uri: str, *, endpoint_url: str | None = None,
+                       tokenizer_fingerprint: str | tuple[str, ...] | None = None,
                        chat_template_fingerprint: str | None = None, min_tokens: int = 2) -> TokenDataset:
-    """Load a dataset and check it can be trained on; raises :class:`DataError` naming the problem."""
+    """Load a dataset and check it can be trained on; raises :class:`DataError` naming the problem.
+
+    ``tokenizer_fingerprint`` may list several accepted fingerprints (the target tokenizer with and
+    without the added mask token, which encodes text identically)."""
     try:
         ds = load_dataset(uri, endpoint_url=endpoint_url)
     except ValueError as exc:  # DatasetError: missing manifest, checksum, format
@@ -62,14 +66,15 @@ def load_training_data(uri: str, *, endpoint_url: str | None = None, tokenizer_f
     return ds
 
 
-def check_dataset(ds: TokenDataset, uri: str, *, tokenizer_fingerprint: str | None = None,
+def check_dataset(ds: TokenDataset, uri: str, *, tokenizer_fingerprint: str | tuple[str, ...] | None = None,
                   chat_template_fingerprint: str | None = None, min_tokens: int = 2) -> None:
     if ds.num_samples == 0:
         raise DataError(f"{uri}: the dataset is empty (manifest lists {len(ds.manifest.get('shards', []))} shards, "
                         "0 samples); nothing to train on")
-    if tokenizer_fingerprint and ds.tokenizer_fingerprint and ds.tokenizer_fingerprint != tokenizer_fingerprint:
+    accepted = (tokenizer_fingerprint,) if isinstance(tokenizer_fingerprint, str) else tokenizer_fingerprint
+    if accepted and ds.tokenizer_fingerprint and ds.tokenizer_fingerprint not in accepted:
         raise DataError(f"{uri}/manifest.json: field tokenizer_fingerprint is {ds.tokenizer_fingerprint!r} but the "
-                        f"target's tokenizer has {tokenizer_fingerprint!r}: the dataset was tokenized with another "
+                        f"target's tokenizer has {accepted[0]!r}: the dataset was tokenized with another "
                         "tokenizer; re-tokenize it with the target's tokenizer")
     if chat_template_fingerprint and ds.chat_template_fingerprint and \
             ds.chat_template_fingerprint != chat_template_fingerprint:

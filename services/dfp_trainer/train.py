@@ -94,7 +94,7 @@ def output_uri(spec: TrainSpec, part: str) -> str:
 
 def prepare(spec: TrainSpec, opts: RunOptions, info: DistInfo, source=None) -> Setup:
     """Load and check the run's inputs; every problem raises :class:`TrainError` before training."""
-    from dfp_shared.models import local_model_dir
+    from dfp_shared.models import local_model_dir, model_fingerprint
     from dfp_shared.tokenizer_assets import (
         MASK_TOKEN,
         chat_template_fingerprint,
@@ -115,7 +115,7 @@ def prepare(spec: TrainSpec, opts: RunOptions, info: DistInfo, source=None) -> S
                          f"positions with it (add it as a special token and resize the embeddings)")
     mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
     dataset = load_training_data(spec.dataset, endpoint_url=opts.endpoint_url,
-                                 tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+                                 tokenizer_fingerprint=_fingerprints(tokenizer, tokenizer_fingerprint, MASK_TOKEN),
                                  chat_template_fingerprint=chat_template_fingerprint(tokenizer))
     try:
         parts = load_target_parts(model_dir)
@@ -151,11 +151,27 @@ def prepare(spec: TrainSpec, opts: RunOptions, info: DistInfo, source=None) -> S
     if int(minfo.num_layers) != num_layers or int(minfo.hidden_size) != config.hidden_size:
         raise TrainError(f"hidden-state source serves a model with {minfo.num_layers} layers x {minfo.hidden_size} "
                          f"hidden, but the target {spec.target} has {num_layers} x {config.hidden_size}")
+    served_fp = getattr(minfo, "fingerprint", "") or ""
+    if served_fp and served_fp != model_fingerprint(model_dir):
+        raise TrainError(f"the hidden-state source serves model {getattr(minfo, 'model_id', '?')!r} with fingerprint "
+                         f"{served_fp!r}, but the target {spec.target} has {model_fingerprint(model_dir)!r}: point "
+                         "target_url at a service running the same checkpoint")
     served = list(getattr(minfo, "layer_ids", None) or [])
     if served and not set(layer_ids) <= set(served):
         raise TrainError(f"hidden-state source serves layers {served}; the drafter needs {layer_ids}")
     return Setup(spec, model_dir, tokenizer, dataset, drafter, initial, source, layer_ids, eval_index, train_pool,
                  int(getattr(minfo, "max_tokens_per_request", 0) or 0) or None)
+
+
+def _fingerprints(tokenizer, fingerprint, mask_token: str) -> tuple[str, ...]:
+    """The target tokenizer's fingerprint, with and without the added mask token (same text encoding)."""
+
+    class _WithoutMask:
+        @staticmethod
+        def get_vocab():
+            return {k: v for k, v in tokenizer.get_vocab().items() if k != mask_token}
+
+    return fingerprint(tokenizer), fingerprint(_WithoutMask())
 
 
 def open_source(target_url: str, model_dir, info: DistInfo):

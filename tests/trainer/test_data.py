@@ -106,3 +106,12 @@ def test_bad_datasets_are_clear_errors(tmp_path, qwen3_tokenizer_dir):
         load_training_data(untrained)
     with pytest.raises(DataError, match="manifest"):
         load_training_data(f"file://{tmp_path}/missing")
+
+
+def test_a_dataset_tokenized_without_the_mask_token_is_accepted(qwen3_tokenizer_dir, tiny_qwen3_dir):
+    from dfp_shared.tokenizer_assets import load_tokenizer, tokenizer_fingerprint
+    from dfp_trainer.train import _fingerprints
+
+    base = tokenizer_fingerprint(load_tokenizer(qwen3_tokenizer_dir))  # plain Qwen3, no <|MASK|>
+    accepted = _fingerprints(load_tokenizer(tiny_qwen3_dir), tokenizer_fingerprint, "<|MASK|>")
+    assert base in accepted and accepted[0] != base

@@ -228,8 +228,9 @@ class JobStore:
 
     def cancel(self, job_id: str) -> JobRecord:
         """Cancel a queued or running job: workers stop taking its tasks. 409-style error if finished."""
+        rec = self.transition(job_id, JobState.cancelled)
         self.r.set(self._key(job_id) + ":cancel", "1", ex=30 * 24 * 3600)
-        return self.transition(job_id, JobState.cancelled)
+        return rec
 
     def is_cancelled(self, job_id: str) -> bool:
         return bool(self.r.exists(self._key(job_id) + ":cancel"))

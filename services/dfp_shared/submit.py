@@ -65,6 +65,8 @@ def finish_job(r: redis.Redis, job_id: str, state: JobState | str, *, error: str
     advance its pipeline, if any. Returns the record, or None if it had already finished."""
     jobs = JobStore(r)
     state = JobState(state)
+    if not state.terminal:
+        raise ValueError(f"finish_job needs a terminal state, not {state.value!r}")
     if outputs:
         jobs.set_outputs(job_id, **outputs)
     try:

@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -133,6 +134,7 @@ def run_demo(cfg: DemoConfig) -> int:
            "DFLASH_LOG_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (services_path, os.environ.get("PYTHONPATH", "")) if p)}
     group = ProcessGroup(logs_dir)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` and `timeout` stop the services like Ctrl-C does
     try:
         start_services(group, env, model_dir, api_port, target_port)
         wait_ready(group, api_url, target_port)
@@ -160,6 +162,10 @@ def run_demo(cfg: DemoConfig) -> int:
         with console.status("stopping the services"):
             group.stop_all()
             redis.stop()
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt
 
 
 def summarise(final: dict, stages: dict, out: Path) -> None:

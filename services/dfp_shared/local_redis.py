@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -60,7 +61,10 @@ class RedisServer:
         args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", self.data_dir,
                 "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
                 "--maxmemory-policy", "noeviction", "--protected-mode", "no", "--loglevel", "warning"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        from .processes import die_with_parent
+
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=die_with_parent if sys.platform == "linux" else None)
         wait_for_port(self.port)
         client = redis.Redis(port=self.port)
         deadline = time.monotonic() + 20

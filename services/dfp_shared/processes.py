@@ -8,9 +8,11 @@ children (worker pool processes, torchrun ranks) are stopped with it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,14 @@ class ManagedProcess:
             return ""
 
 
+def die_with_parent() -> None:
+    """In the child before exec (Linux): receive SIGTERM when the supervisor dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class ProcessGroup:
     """Named local processes, all stopped by :meth:`stop_all` (also usable as a context manager)."""
 
@@ -60,7 +70,8 @@ class ProcessGroup:
             Path(mp.cwd).mkdir(parents=True, exist_ok=True)
         log = open(mp.log_path, "ab")
         mp.proc = subprocess.Popen(mp.cmd, env=mp.env, cwd=mp.cwd, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+                                   stdin=subprocess.DEVNULL, start_new_session=True,
+                                   preexec_fn=die_with_parent if sys.platform == "linux" else None)
         log.close()
         self.procs[name] = mp
         return mp

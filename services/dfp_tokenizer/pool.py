@@ -29,7 +29,8 @@ from .tasks import KIND, EncoderCache, TokenizeHandler
 log = logging.getLogger(__name__)
 
 
-def run_process(settings: TokenizerSettings, *, idle_exit_s: float | None = None, slot: int = 0) -> int:
+def run_process(settings: TokenizerSettings, *, idle_exit_s: float | None = None, slot: int = 0,
+                handle_sigint: bool = True) -> int:
     """Consume tokenize tasks with ``settings.threads`` threads until signalled (or idle). Returns tasks done."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     r = connect(settings.redis_url)
@@ -49,7 +50,8 @@ def run_process(settings: TokenizerSettings, *, idle_exit_s: float | None = None
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        if handle_sigint:
+            signal.signal(signal.SIGINT, on_signal)
     threads = [threading.Thread(target=w.run, kwargs={"idle_exit_s": idle_exit_s}, name=f"tokenize-{slot}-{i}")
                for i, w in enumerate(workers)]
     for t in threads:
@@ -67,7 +69,7 @@ def _child(settings_json: str, slot: int, idle_exit_s: float | None) -> None:
     settings = TokenizerSettings.model_validate_json(settings_json)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into one SIGTERM
     setup_logging(settings.log_level, settings.log_json, service="tokenizer")
-    run_process(settings, idle_exit_s=idle_exit_s, slot=slot)
+    run_process(settings, idle_exit_s=idle_exit_s, slot=slot, handle_sigint=False)
 
 
 def start_pool_metrics(port: int) -> int:

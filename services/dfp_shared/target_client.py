@@ -40,7 +40,6 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     return [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.http2.max_frame_size", 16777215),
-            ("grpc.http2.bdp_probe", 0),
             ("grpc.enable_retries", 0),
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
@@ -183,7 +182,7 @@ class TargetClient:
     # ------------------------------------------------------------------ hidden states
 
     async def hidden_states(self, sequences: list[torch.Tensor], layer_ids: list[int]) -> list[torch.Tensor]:
-        info = self.model_info()
+        info = self._info or await asyncio.to_thread(self.model_info)  # blocking fetch off the event loop
         if not sequences:
             return []
         self._next_stub()  # binds channels and the semaphore to this loop

@@ -39,7 +39,6 @@ def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
     return [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.http2.max_frame_size", 16777215),
-            ("grpc.http2.bdp_probe", 0),
             ("grpc.so_reuseport", 0)]
 
 

@@ -54,4 +54,4 @@ def make_server(tmp_path):
 
     yield make
     for server in servers:
-        server.stop(grace=1)
+        server.stop(grace=1, linger=0)

@@ -40,7 +40,7 @@ def server(qwen3_model, tiny_qwen3_dir):
     info = build_model_info(qwen3_model, tiny_qwen3_dir, layer_ids=[1, 3, 5], max_tokens_per_request=3000)
     srv = TargetServer(settings, info, model=qwen3_model).start()
     yield srv
-    srv.stop(grace=1)
+    srv.stop(grace=1, linger=0)
 
 
 VOCAB = 151670

@@ -21,10 +21,9 @@ from collections.abc import Callable
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.redis_conn import connect
-from dfp_shared.worker import Worker
 
 from .settings import TokenizerSettings
-from .tasks import KIND, EncoderCache, TokenizeHandler
+from .tasks import KIND, EncoderCache, TokenizeHandler, TokenizeWorker
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ def run_process(settings: TokenizerSettings, *, idle_exit_s: float | None = None
     jobs = JobStore(r)
     handler = TokenizeHandler(r, EncoderCache(settings.s3_endpoint_url, settings.cache_dir), settings.s3_endpoint_url)
     host = socket.gethostname()
-    workers = [Worker(queue, jobs, handler, consumer=f"{host}-{os.getpid()}-{t}") for t in range(settings.threads)]
+    workers = [TokenizeWorker(queue, jobs, handler, consumer=f"{host}-{os.getpid()}-{t}") for t in range(settings.threads)]
     stopping = threading.Event()
 
     def on_signal(signum, _frame):

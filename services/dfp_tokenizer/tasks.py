@@ -25,7 +25,7 @@ from dfp_shared.storage import NotFound, ObjectStore, open_store, split_uri
 from dfp_shared.submit import PLAN_KEY, finish_job
 from dfp_shared.token_shards import MANIFEST, build_manifest
 from dfp_shared.tokenizer_assets import default_cache_dir, load_tokenizer
-from dfp_shared.worker import TaskContext
+from dfp_shared.worker import TaskContext, Worker
 from prometheus_client import Counter
 
 from .encoder import SampleEncoder
@@ -159,9 +159,13 @@ class TokenizeHandler:
                                 trained_tokens=s.trained_tokens, bad_lines=sum(s.errors.values()))
         if res.errors:
             self.jobs.emit(task.job_id, "bad_lines", {"file": uri, "errors": dict(s.errors)})
-        rec = self.jobs.get(task.job_id)
-        if rec.counters.get("files", 0) >= rec.totals.get("files", float("inf")):
-            ctx.queue.enqueue(task.job_id, FINALIZE_KEY, {})
+        self.maybe_finalize(task.job_id, ctx.queue)
+
+    def maybe_finalize(self, job_id: str, queue: TaskQueue) -> None:
+        """Queue ``finalize`` once every file is counted (a second one is skipped as done)."""
+        rec = self.jobs.get(job_id)
+        if rec.counters.get("files", 0) >= rec.totals.get("files", float("inf")) and not rec.state.terminal:
+            queue.enqueue(job_id, FINALIZE_KEY, {})
 
     # finalize
 
@@ -184,6 +188,17 @@ class TokenizeHandler:
             "samples": manifest["num_samples"], "tokens": manifest["num_tokens"], "bad_lines": stats["bad_lines"]})
         log.info("tokenize job finished", extra={"job_id": task.job_id, "samples": manifest["num_samples"],
                                                  "tokens": manifest["num_tokens"], "bad_lines": stats["bad_lines"]})
+
+
+class TokenizeWorker(Worker):
+    """The shared worker loop, plus: a file task redelivered after it was counted (its worker died
+    between counting it and queueing ``finalize``) still gets the finalize check."""
+
+    def process(self, task: Task) -> None:
+        if (task.key not in (PLAN_KEY, FINALIZE_KEY) and isinstance(self.handler, TokenizeHandler)
+                and self.jobs.is_task_done(task.job_id, task.key)):
+            self.handler.maybe_finalize(task.job_id, self.queue)
+        super().process(task)
 
 
 def merge_stats(parts: list[dict], manifest: dict) -> dict:

@@ -12,7 +12,7 @@ from dfp_shared.submit import submit_job
 from dfp_shared.token_shards import load_dataset
 from dfp_shared.worker import Worker
 from dfp_tokenizer.files import shard_name
-from dfp_tokenizer.tasks import KIND, EncoderCache, TokenizeHandler
+from dfp_tokenizer.tasks import KIND, EncoderCache, TokenizeHandler, TokenizeWorker
 
 from .corpus import jsonl, records
 
@@ -116,3 +116,30 @@ def test_tokenizer_directory_on_object_storage(redis_client, s3_server, s3_bucke
     assert rec.state.value == "succeeded", rec.error
     ds = load_dataset(f"{s3_bucket}/out", endpoint_url=s3_server.endpoint_url)
     assert ds.num_samples == 12 and list((tmp_path / "cache" / "tokenizers").iterdir())
+
+
+def test_worker_dying_between_counting_the_last_file_and_queueing_finalize(redis_client, tmp_path,
+                                                                           qwen3_tokenizer_dir, monkeypatch):
+    """The last file is counted, then its worker fails before ``finalize`` is queued: the redelivered
+    (already counted) task must still lead to ``finalize`` and a finished job."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "only.jsonl").write_bytes(jsonl(records(4)))
+    job, _ = submit_job(redis_client, "tokenize", {"input": str(tmp_path / "in"), "output": str(tmp_path / "out"),
+                                                   "tokenizer": str(qwen3_tokenizer_dir)})
+    real_enqueue = TaskQueue.enqueue
+    calls = []
+
+    def dying_enqueue(self, job_id, key, payload):
+        if key == "finalize" and not calls:
+            calls.append(key)
+            raise ConnectionError("worker lost its connection right after counting the file")
+        return real_enqueue(self, job_id, key, payload)
+
+    monkeypatch.setattr(TaskQueue, "enqueue", dying_enqueue)
+    queue = TaskQueue(redis_client, KIND, lease_ms=5000)
+    TokenizeWorker(queue, JobStore(redis_client), TokenizeHandler(redis_client, EncoderCache()),
+                   block_ms=100).run(idle_exit_s=1.0)
+    rec = JobStore(redis_client).get(job.id)
+    assert calls == ["finalize"]
+    assert rec.state.value == "succeeded", rec.error
+    assert rec.counters["files"] == 1 and rec.counters["samples"] == 4

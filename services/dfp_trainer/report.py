@@ -131,7 +131,8 @@ def finish_run(setup, drafter, history: list[dict], summary: dict, opts) -> dict
         export_drafter(drafter, tmp)
         files = [p for p in Path(tmp).rglob("*") if p.is_file()]
         out.put_many([(f"drafter/{p.relative_to(tmp).as_posix()}", p.read_bytes()) for p in files])
-    report = {"summary": summary, "spec": spec.model_dump(mode="json"), "target_layer_ids": setup.layer_ids}
+    report = {"summary": summary, "spec": spec.model_dump(mode="json"), "target_layer_ids": setup.layer_ids,
+              "enable_thinking": spec.enable_thinking}
     if opts.evaluate and spec.eval_prompts:
         report["evaluation"] = evaluate_drafters(setup, drafter, opts)
     report["history"] = [{k: v for k, v in r.items() if k != "per_position_accuracy"} for r in history]
@@ -144,4 +145,6 @@ def finish_run(setup, drafter, history: list[dict], summary: dict, opts) -> dict
     base = spec.output.rstrip("/")
     return {"drafter": base + "/drafter/", "report": base + "/report.json",
             "tau_trained": report.get("evaluation", {}).get("tau_trained"),
-            "tau_untrained": report.get("evaluation", {}).get("tau_untrained")}
+            "tau_untrained": report.get("evaluation", {}).get("tau_untrained"),
+            "final_loss": summary.get("final_loss_avg"),
+            "per_position_accuracy": [round(a, 4) for a in summary.get("per_position_accuracy", [])]}

@@ -72,6 +72,7 @@ def test_worker_completes_a_train_job_and_reports_progress(redis_server, redis_c
     ev = report["evaluation"]
     assert ev["eval_prompts"] == 2 and ev["tau_trained"] >= 1.0 and ev["tau_untrained"] >= 1.0
     assert len(report["summary"]["per_position_accuracy"]) == spec["block_size"] - 1
+    assert len(rec.outputs["per_position_accuracy"]) == spec["block_size"] - 1 and rec.outputs["final_loss"] > 0
     for png in ("loss_curve.png", "position_accuracy.png"):
         assert out.get(png)[:8] == b"\x89PNG\r\n\x1a\n"
     ckpt = json.loads(out.get("checkpoints/latest.json"))

@@ -37,6 +37,8 @@ class TrainSpec(BaseModel):
     checkpoint_every: int = Field(500, ge=1, description="Steps between checkpoints (one is also written at SIGTERM).")
     keep_checkpoints: int = Field(3, ge=1, description="Most recent checkpoints kept.")
     target_url: str | None = Field(None, description="Hidden-state source override: `inprocess` or gRPC address(es).")
-    eval_prompts: int = Field(8, ge=0, description="Held-out samples whose prompts measure acceptance length (0: skip).")
+    eval_prompts: int = Field(8, ge=0, description="Held-out samples (not trained on) whose prompts measure acceptance "
+                                                   "length τ, trained vs untrained drafter (0: skip).")
     eval_max_new_tokens: int = Field(64, ge=1, description="Tokens generated per evaluation prompt.")
-    enable_thinking: bool = Field(True, description="Thinking mode of the evaluation prompts (as the drafter serves).")
+    enable_thinking: bool = Field(True, description="Thinking mode the drafter serves in (recorded in the report; "
+                                                    "held-out prompts keep the dataset's own template).")

@@ -144,6 +144,7 @@ def finish_run(setup, drafter, history: list[dict], summary: dict, opts) -> dict
                                             if k.startswith("tau")}})
     base = spec.output.rstrip("/")
     return {"drafter": base + "/drafter/", "report": base + "/report.json",
+            "plots": [base + "/loss_curve.png", base + "/position_accuracy.png"],
             "tau_trained": report.get("evaluation", {}).get("tau_trained"),
             "tau_untrained": report.get("evaluation", {}).get("tau_untrained"),
             "final_loss": summary.get("final_loss_avg"),

@@ -9,13 +9,14 @@ batch size. A private redis-server runs for the measurement. Unit: tasks/s.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import time
 
 from _common import report
-
 from dfp_shared.queue import TaskQueue
 from dfp_shared.redis_conn import connect
+
 from tests.support.servers import RedisServer
 
 
@@ -52,7 +53,7 @@ def limit(url: str, n: int, batch: int) -> float:
     for start in range(0, n, 1000):
         pipe = r.pipeline(transaction=False)
         for i in range(start, min(n, start + 1000)):
-            pipe.xadd("raw", {"job_id": "job", "key": f"t{i}", "payload": '{"i": %d}' % i})
+            pipe.xadd("raw", {"job_id": "job", "key": f"t{i}", "payload": json.dumps({"i": i})})
         pipe.execute()
     got = 0
     while got < n:

@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/dflash-pipeline demo
+	$(BIN)/dflash-pipeline demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check services tests

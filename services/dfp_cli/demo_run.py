@@ -175,7 +175,7 @@ def summarise(final: dict, stages: dict, out: Path) -> None:
     console.rule("dflash-pipeline demo: results")
     for name, record in stages.items():
         units = record["progress"]["units"]
-        counts = ", ".join(f"{u} {v['done']:,.0f}" for u, v in units.items())
+        counts = ", ".join(f"{u} {v['done']:,.4g}" for u, v in units.items())
         console.print(f"{name:>9}: {record['state']} in {record['progress']['elapsed_s']:.0f}s ({counts})")
     if train.get("tau_trained") is not None:
         console.print(f"acceptance length tau: trained [bold]{train['tau_trained']:.2f}[/bold] "
@@ -192,7 +192,7 @@ def summarise(final: dict, stages: dict, out: Path) -> None:
     console.print(f"  head -c 800 {store}/generate/completions/shard-00000.jsonl")
     console.print(f"  cat {store}/tokens/manifest.json {store}/tokens/stats.json")
     if train.get("drafter"):
-        console.print(f"  cat {train['drafter'].removeprefix('file://')}/config.json")
+        console.print(f"  cat {train['drafter'].removeprefix('file://').rstrip('/')}/config.json")
     if train.get("report"):
         console.print(f"  cat {train['report'].removeprefix('file://')}")
     for plot in train.get("plots") or []:

@@ -1,0 +1,54 @@
+"""The README's first command, run as a new user would: a copy of the checkout, a new virtual
+environment made by ``make demo``, the whole pipeline on the CPU, and a trained drafter whose
+acceptance length beats the untrained one's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from tests.support.cli import ROOT
+
+
+def copy_checkout(dest: Path) -> None:
+    """The files a clone would have (tracked and not ignored), without this checkout's venv or caches."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.splitlines()
+    for rel in listed:
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def test_make_demo_in_a_new_virtual_environment(tmp_path):
+    repo = tmp_path / "dflash-pipeline"
+    copy_checkout(repo)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env["COLUMNS"] = "200"
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if "/.venv/" not in p)
+    out = subprocess.run(["make", "demo", "DEMO_ARGS=--prompts 32 --train-steps 150"], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=1500)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-6000:]
+    assert (repo / ".venv" / "bin" / "dflash-pipeline").exists()  # the demo installed itself
+
+    tau = re.search(r"acceptance length tau: trained ([0-9.]+) vs untrained ([0-9.]+)", log)
+    assert tau, log[-4000:]
+    trained, untrained = float(tau.group(1)), float(tau.group(2))
+    assert trained > untrained, log[-4000:]
+
+    train = repo / "demo-output" / "store" / "train"
+    report = json.loads((train / "report.json").read_text())
+    assert abs(report["evaluation"]["tau_trained"] - trained) < 0.01
+    assert (train / "loss_curve.png").stat().st_size > 1000
+    assert (train / "position_accuracy.png").stat().st_size > 1000
+    assert json.loads((train / "drafter" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+    assert list((repo / "demo-output" / "store" / "generate" / "completions").glob("shard-*.jsonl"))
+    assert (repo / "demo-output" / "store" / "tokens" / "manifest.json").exists()
+    leftovers = subprocess.run(["pgrep", "-f", str(repo)], capture_output=True, text=True).stdout.split()
+    assert not leftovers, "demo left processes running"

@@ -119,8 +119,9 @@ def test_pipeline_on_the_charts_processes_survives_faults(tmp_path, s3_endpoint,
                            base_env=cli_env(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1"))
     try:
         cluster.start("dflash-redis")
-        for name in ("dflash-api", "dflash-target", "dflash-generation", "dflash-tokenizer", "dflash-trainer"):
+        for name in ("dflash-api", "dflash-target", "dflash-generation", "dflash-trainer"):
             cluster.start(name)
+        cluster.start("dflash-tokenizer", replicas=1)
         key = cluster.secrets["dflash-api-keys"]["admin-key"]
         api = Api(cluster.service_url("dflash-api", 80), key)
         wait_for(lambda: api.get("/readyz"), "the API", cluster, timeout=120)
@@ -133,6 +134,9 @@ def test_pipeline_on_the_charts_processes_survives_faults(tmp_path, s3_endpoint,
         wait_for(lambda: api.get("/readyz"), "the API after its restart", cluster, timeout=120)
         resubmit = api.http.post("/v1/jobs", json=pipeline_spec(), headers={"Idempotency-Key": "e2e-1"}).json()
         assert resubmit["id"] == pid
+
+        # `kubectl scale deployment/dflash-tokenizer --replicas=2`: a second process of the same rendered spec
+        assert len(cluster.scale("dflash-tokenizer", 2)) == 2
 
         # fault: a tokenizer worker is SIGKILLed while the tokenize stage runs; its Deployment replaces it
         wait_for(lambda: api.stage(pid, "tokenize"), "the tokenize stage", cluster, timeout=400)

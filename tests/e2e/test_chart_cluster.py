@@ -13,6 +13,8 @@ token dataset, and training resumed from its checkpoint.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,8 +23,11 @@ from pathlib import Path
 import httpx
 import pytest
 from dfp_shared.local_redis import free_port, wait_for_port
+from dfp_shared.queue import GROUP, stream_name
 from dfp_shared.storage import open_store
 from dfp_shared.token_shards import load_dataset
+from dfp_tokenizer.tasks import KIND as TOKENIZE
+from redis import Redis, ResponseError
 
 from tests.support.chart import render_objects
 from tests.support.cli import ROOT, cli_env
@@ -106,6 +111,38 @@ def wait_for(pred, what: str, cluster: LocalCluster, timeout: float = 300, every
     raise AssertionError(f"timed out waiting for {what}\n{logs}")
 
 
+def freeze_holding_a_task(redis: Redis, pgid: int, cluster: LocalCluster, timeout: float = 400) -> str:
+    """Stop (SIGSTOP) the process group ``pgid`` at a moment one of its consumers holds a tokenize
+    task, so a kill that follows provably lands mid-task. Returns the held task's stream id."""
+    stream = stream_name(TOKENIZE)
+
+    def held() -> str | None:
+        try:
+            rows = redis.xpending_range(stream, GROUP, min="-", max="+", count=100)
+        except ResponseError:  # NOGROUP: no tokenize task was queued yet
+            return None
+        for row in rows:
+            consumer_pid = int(row["consumer"].rsplit("-", 2)[1])  # "<host>-<pid>-<thread>"
+            try:
+                if os.getpgid(consumer_pid) == pgid:
+                    return row["message_id"]
+            except ProcessLookupError:
+                continue
+        return None
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if held():
+            os.killpg(pgid, signal.SIGSTOP)
+            task = held()  # frozen: what it holds now, it holds when killed
+            if task:
+                return task
+            os.killpg(pgid, signal.SIGCONT)
+        time.sleep(0.005)
+    logs = "\n".join(f"--- {n}\n{p.log_tail(15)}" for n, p in cluster.group.procs.items())
+    raise AssertionError(f"no tokenize task was ever held by process group {pgid}\n{logs}")
+
+
 def test_pipeline_on_the_charts_processes_survives_faults(tmp_path, s3_endpoint, tiny_qwen3_dir):
     # inputs: the target checkpoint and a prompt set on the S3 API
     store = open_store("s3://e2e", endpoint_url=s3_endpoint)
@@ -138,8 +175,10 @@ def test_pipeline_on_the_charts_processes_survives_faults(tmp_path, s3_endpoint,
         # `kubectl scale deployment/dflash-tokenizer --replicas=2`: a second process of the same rendered spec
         assert len(cluster.scale("dflash-tokenizer", 2)) == 2
 
-        # fault: a tokenizer worker is SIGKILLed while the tokenize stage runs; its Deployment replaces it
-        wait_for(lambda: api.stage(pid, "tokenize"), "the tokenize stage", cluster, timeout=400)
+        # fault: a tokenizer worker is SIGKILLed with a task in hand; its Deployment replaces it and
+        # the task is reclaimed by a consumer once its lease runs out
+        redis = Redis(port=cluster.service_ports[("dflash-redis", 6379)], decode_responses=True)
+        held = freeze_holding_a_task(redis, cluster.process("dflash-tokenizer", 0).pid, cluster)
         cluster.kill("dflash-tokenizer", 0)
         cluster.restart("dflash-tokenizer", 0)
 
@@ -170,6 +209,11 @@ def test_pipeline_on_the_charts_processes_survives_faults(tmp_path, s3_endpoint,
     records = [json.loads(line) for key in data.list("generate/completions/")
                for line in data.get(key).decode().splitlines() if line.strip()]
     assert sorted(r["id"] for r in records) == sorted(f"p{i:03d}" for i in range(PROMPTS))
+
+    # the killed worker's task was reclaimed by another consumer
+    reclaims = [json.loads(line) for n, proc in cluster.group.procs.items() if n.startswith("dflash-tokenizer")
+                for line in proc.log_path.read_text().splitlines() if "reclaimed task" in line]
+    assert held in [r.get("task") for r in reclaims], reclaims
 
     # every completion exactly once in the token dataset
     dataset = load_dataset("s3://e2e/data/tokens", endpoint_url=s3_endpoint)

@@ -1,15 +1,26 @@
 """Pipeline jobs through HTTP: stages start in order, feed each other, and failures/cancels propagate.
 
-The generate and train stages are driven through ``finish_job`` (as their workers do); the
-tokenize stage is run by a real tokenize worker on the completions the generate stage "wrote".
+The first test runs every stage on the services' real workers (a tiny target generates, the
+tokenizer tokenizes, the trainer rejects a spec it cannot run). The others drive stages through
+``finish_job`` (as their workers do) to reach states a real run reaches only by chance.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 
+from dfp_generation.settings import GenerationSettings
+from dfp_generation.tasks import GenerationHandler, GenerationWorker
 from dfp_shared.jobs import JobState, JobStore
+from dfp_shared.queue import TaskQueue
 from dfp_shared.submit import finish_job
+from dfp_shared.worker import Worker
+from dfp_trainer.settings import TrainerSettings
+from dfp_trainer.worker import TrainHandler
+
+from tests.trainer.train_support import tiny_spec
 
 from .sse import read_events
 from .tokenize_worker import start_worker, write_completions
@@ -30,6 +41,56 @@ def _stage_job(api, pipeline_id: str, stage: str, timeout: float = 30.0) -> dict
             return api.get(f"/v1/jobs/{outputs[f'{stage}_job']}").json()
         time.sleep(0.05)
     raise AssertionError(f"stage {stage} never started")
+
+
+def _worker_thread(worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_real_workers_run_the_stages_in_order_and_the_trainer_s_error_fails_the_pipeline(
+        api, redis_server, redis_client, encoders, tiny_qwen3_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"Count to {i}."}]})
+                               + "\n" for i in range(3)))
+    spec = {"generate": {"prompts": prompts.as_uri(), "output": (tmp_path / "gen").as_uri(), "model": str(tiny_qwen3_dir),
+                         "max_new_tokens": 8, "shard_size": 2, "temperature": 0.0},
+            "tokenize": {"output": (tmp_path / "tokens").as_uri(), "tokenizer": str(tiny_qwen3_dir)},
+            # the tiny target has 8 layers: the trainer finds layer 99 missing when it loads the target
+            "train": tiny_spec("file:///unused", tiny_qwen3_dir, (tmp_path / "drafter").as_uri(),
+                               num_draft_layers=2, target_layer_ids=[1, 99])}
+    del spec["train"]["dataset"]  # the pipeline fills it in from the tokenize stage
+    pid = api.post("/v1/jobs", json={"type": "pipeline", "spec": spec}).json()["id"]
+
+    tokenizer, tokenizer_thread = start_worker(redis_client, encoders)
+    generation = GenerationWorker(GenerationHandler(redis_client, GenerationSettings(redis_url=redis_server.url)),
+                                  block_ms=200)
+    trainer = Worker(TaskQueue(redis_client, "train"), JobStore(redis_client),
+                     TrainHandler(TrainerSettings(redis_url=redis_server.url, device="cpu"), redis_client), block_ms=200)
+    workers = [generation, tokenizer, trainer]
+    threads = [_worker_thread(generation), tokenizer_thread, _worker_thread(trainer)]
+    try:
+        deadline = time.monotonic() + 240
+        while api.get(f"/v1/jobs/{pid}").json()["state"] not in ("succeeded", "failed", "cancelled"):
+            assert time.monotonic() < deadline, api.get(f"/v1/jobs/{pid}").json()
+            time.sleep(0.2)
+    finally:
+        for w in workers:
+            w.stopping.set()
+        for t in threads:
+            t.join(30)
+
+    job = api.get(f"/v1/jobs/{pid}").json()
+    stages = {s: api.get(f"/v1/jobs/{job['outputs'][f'{s}_job']}").json() for s in ("generate", "tokenize", "train")}
+    assert stages["generate"]["state"] == stages["tokenize"]["state"] == "succeeded"
+    assert stages["tokenize"]["counters"]["samples"] == 3  # every completion the generate stage wrote
+    assert stages["train"]["spec"]["dataset"] == spec["tokenize"]["output"]
+    train_error = stages["train"]["error"]
+    assert stages["train"]["state"] == "failed" and "target_layer_ids [99] do not exist" in train_error
+    assert job["state"] == "failed" and "stage train" in job["error"] and train_error in job["error"]
+    events = read_events(api, pid)
+    assert [d["stage"] for e, _, d in events if e == "stage"] == ["generate", "tokenize", "train"]
 
 
 def test_stages_run_in_order_and_a_failed_stage_fails_the_pipeline(api, redis_client, encoders,

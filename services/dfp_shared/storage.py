@@ -20,7 +20,11 @@ from urllib.parse import urlparse
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 32
-MULTIPART_THRESHOLD = 64 * 1024 * 1024
+MULTIPART_THRESHOLD = 64 * 1024 * 1024  # objects this large go up and down in parts
+MULTIPART_CHUNKSIZE = 16 * 1024 * 1024
+MIN_PART_SIZE = 5 * 1024 * 1024  # S3 rejects smaller parts (but the last)
+CLIENT_RETRIES = 3  # the boto3 client tries each request once more than this
+RETRY_ATTEMPTS = 5  # tries of each store operation, on top of the client's
 
 
 class StorageError(Exception):
@@ -54,7 +58,7 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def list(self, prefix: str = "", page_size: int = 1000) -> Iterator[str]:
-        """Keys under ``prefix`` in lexical order (paginated underneath)."""
+        """Keys that start with ``prefix`` (a plain string, not a directory), lazily, in lexical order."""
 
     @abstractmethod
     def get(self, key: str) -> bytes: ...
@@ -120,17 +124,34 @@ class LocalStore(ObjectStore):
         return path
 
     def list(self, prefix: str = "", page_size: int = 1000) -> Iterator[str]:
-        base = self.root
-        out = []
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".tmp-")]
-            for name in filenames:
-                if name.startswith(".tmp-"):
-                    continue
-                rel = os.path.relpath(os.path.join(dirpath, name), base).replace(os.sep, "/")
-                if rel.startswith(prefix):
-                    out.append(rel)
-        yield from sorted(out)
+        """Walks only the directory the prefix names up to its last ``/``, one sorted directory at a time.
+
+        Memory grows with the largest directory, not the tree. Symlinked directories are not
+        followed. ``page_size`` is validated as for S3 but a local walk needs no pages.
+        """
+        _check_page_size(page_size)
+        head, _, name_prefix = prefix.rpartition("/")
+        parts = head.split("/") if head else []
+        if any(p in ("", ".", "..") for p in parts) or "\\" in prefix or "\x00" in prefix:
+            return  # keys are normalized: none starts with such a prefix
+        top = self.root.joinpath(*parts)
+        if top.resolve() != top:
+            return  # the prefix runs through a symlink
+        yield from self._walk(top, head + "/" if head else "", name_prefix)
+
+    def _walk(self, directory: str | os.PathLike, rel: str, name_prefix: str = "") -> Iterator[str]:
+        try:
+            with os.scandir(directory) as it:
+                # a directory sorts as "name/": every key below it starts so, which keeps S3's order
+                entries = sorted((e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e) for e in it
+                                 if e.name.startswith(name_prefix) and not e.name.startswith(".tmp-"))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for name, entry in entries:
+            if name.endswith("/"):
+                yield from self._walk(entry.path, rel + name)
+            elif entry.is_file():
+                yield rel + name
 
     def get(self, key: str) -> bytes:
         try:
@@ -182,48 +203,85 @@ class LocalStore(ObjectStore):
         self._path(key).unlink(missing_ok=True)
 
 
-def _retry(fn: Callable, what: str, attempts: int = 5, base_delay: float = 0.2):
-    """Call ``fn`` with exponential backoff and jitter on transient S3/network errors."""
-    from botocore.exceptions import BotoCoreError, ClientError
-    from botocore.exceptions import ConnectionError as BotoConnError
+def _check_page_size(page_size: int) -> None:
+    if page_size < 1:
+        raise StorageError(f"list page_size must be at least 1, got {page_size}")
 
-    for attempt in range(attempts):
+
+def _retry(fn: Callable, what: str, attempts: int = RETRY_ATTEMPTS, base_delay: float = 0.2):
+    """Call ``fn``, retrying transient S3/network errors with exponential backoff and jitter.
+
+    The boto3 client retries each request itself; this loop also covers what it cannot: a
+    connection broken while a body streams, a multipart transfer that failed as a whole.
+    """
+    for attempt in range(1, attempts + 1):
         try:
             return fn()
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            if code in ("NoSuchKey", "404", "NotFound"):
-                raise NotFound(f"{what}: no such object") from None
-            if code == "NoSuchBucket":
-                raise NotFound(f"{what}: bucket does not exist") from None
-            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
-                raise StorageError(f"{what}: access denied ({code}); check the S3 credentials") from None
-            transient = status >= 500 or code in ("SlowDown", "RequestTimeout", "Throttling", "InternalError")
-            if not transient or attempt == attempts - 1:
-                raise StorageError(f"{what}: {code or status}: {exc.response.get('Error', {}).get('Message', '')}") from None
-        except (BotoConnError, BotoCoreError) as exc:
-            if "credentials" in str(exc).lower():
-                raise StorageError(f"{what}: no S3 credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a role)") from None
-            if attempt == attempts - 1:
-                raise StorageError(f"{what}: {type(exc).__name__}: {exc}") from None
-        delay = base_delay * (2**attempt) * (0.5 + random.random())
-        log.warning("transient storage error, retrying", extra={"what": what, "attempt": attempt + 1, "delay_s": round(delay, 3)})
+        except Exception as exc:
+            reason = _transient_reason(exc, what)
+            if reason is None:
+                raise
+        if attempt == attempts:
+            raise StorageError(f"{what}: {reason} (gave up after {attempts} attempts)")
+        delay = base_delay * 2 ** (attempt - 1) * (0.5 + random.random())
+        log.warning("transient storage error, retrying",
+                    extra={"what": what, "reason": reason, "attempt": attempt, "delay_s": round(delay, 3)})
         time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def _transient_reason(exc: Exception, what: str) -> str | None:
+    """Why a transient error happened (worth a retry); raises StorageError for a lasting S3 failure.
+
+    Returns None for an exception that is not a storage error at all (the caller re-raises it).
+    """
+    from boto3.exceptions import RetriesExceededError, S3UploadFailedError
+    from botocore import exceptions as bx
+
+    if isinstance(exc, S3UploadFailedError) and isinstance(exc.__context__, bx.ClientError):
+        exc = exc.__context__  # boto3 wraps the client error of a failed (multipart) upload
+    if isinstance(exc, bx.ClientError):
+        error = exc.response.get("Error", {})
+        code = error.get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code in ("NoSuchKey", "404", "NotFound"):
+            raise NotFound(f"{what}: no such object") from None
+        if code == "NoSuchBucket":
+            raise NotFound(f"{what}: bucket does not exist") from None
+        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
+            raise StorageError(f"{what}: access denied ({code}); check the S3 credentials") from None
+        reason = f"{code or status}: {error.get('Message', '')}".rstrip(": ")
+        if status >= 500 or code in ("SlowDown", "RequestTimeout", "Throttling", "InternalError"):
+            return reason
+        raise StorageError(f"{what}: {reason}") from None
+    if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError, bx.CredentialRetrievalError)):
+        raise StorageError(f"{what}: no S3 credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a role)") from None
+    if isinstance(exc, (bx.ConnectionError, bx.HTTPClientError, bx.IncompleteReadError, RetriesExceededError)):
+        return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, bx.BotoCoreError):
+        raise StorageError(f"{what}: {type(exc).__name__}: {exc}") from None
+    return None
 
 
 class S3Store(ObjectStore):
     """An S3 bucket (and optional prefix) through boto3; any S3-compatible endpoint."""
 
     def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None, region: str = "us-east-1",
-                 max_pool_connections: int = 64):
+                 max_pool_connections: int = 64, multipart_threshold: int = MULTIPART_THRESHOLD,
+                 multipart_chunksize: int = MULTIPART_CHUNKSIZE, attempts: int = RETRY_ATTEMPTS):
         import boto3
+        from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
         if not bucket:
             raise StorageError("s3 URI has no bucket name")
+        if multipart_chunksize < MIN_PART_SIZE:
+            raise StorageError(f"multipart_chunksize must be at least {MIN_PART_SIZE} bytes (S3's smallest part)")
+        if attempts < 1:
+            raise StorageError(f"attempts must be at least 1, got {attempts}")
         self.bucket = bucket
+        self.attempts = attempts
+        self._bucket_seen = False  # set once a HEAD of the bucket succeeded
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}" + (f"/{self.prefix}" if self.prefix else "")
         session = boto3.session.Session()
@@ -231,18 +289,20 @@ class S3Store(ObjectStore):
             "s3",
             endpoint_url=endpoint_url,
             region_name=region,
-            config=Config(max_pool_connections=max_pool_connections, retries={"max_attempts": 3, "mode": "standard"},
+            config=Config(max_pool_connections=max_pool_connections, retries={"max_attempts": CLIENT_RETRIES, "mode": "standard"},
                           connect_timeout=10, read_timeout=60),
         )
-        from boto3.s3.transfer import TransferConfig
-
-        self.transfer = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=16 * 1024 * 1024,
+        self.transfer = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=multipart_chunksize,
                                        max_concurrency=8)
 
     def _key(self, key: str) -> str:
         return join_key(self.prefix, normalize_key(key))
 
+    def _call(self, fn: Callable, what: str):
+        return _retry(fn, what, attempts=self.attempts)
+
     def list(self, prefix: str = "", page_size: int = 1000) -> Iterator[str]:
+        _check_page_size(page_size)
         full = join_key(self.prefix, prefix) if prefix else (self.prefix + "/" if self.prefix else "")
         if prefix.endswith("/") and not full.endswith("/"):
             full += "/"
@@ -252,7 +312,7 @@ class S3Store(ObjectStore):
             kwargs = {"Bucket": self.bucket, "Prefix": full, "MaxKeys": page_size}
             if token:
                 kwargs["ContinuationToken"] = token
-            page = _retry(lambda kw=kwargs: self.client.list_objects_v2(**kw), f"list {self.uri}/{prefix}")
+            page = self._call(lambda kw=kwargs: self.client.list_objects_v2(**kw), f"list {self.uri}/{prefix}")
             for obj in page.get("Contents", []):
                 yield obj["Key"][strip:]
             if not page.get("IsTruncated"):
@@ -261,37 +321,48 @@ class S3Store(ObjectStore):
 
     def get(self, key: str) -> bytes:
         k = self._key(key)
-        return _retry(lambda: self.client.get_object(Bucket=self.bucket, Key=k)["Body"].read(), self.url(key))
+        return self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=k)["Body"].read(), self.url(key))
 
     def get_file(self, key: str, dest: str | os.PathLike) -> Path:
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = str(dest) + ".part"
-        _retry(lambda: self.client.download_file(self.bucket, self._key(key), tmp, Config=self.transfer), self.url(key))
+        self._call(lambda: self.client.download_file(self.bucket, self._key(key), tmp, Config=self.transfer), self.url(key))
         os.replace(tmp, dest)
         return dest
 
     def put(self, key: str, data: bytes) -> None:
         k = self._key(key)
-        if len(data) >= MULTIPART_THRESHOLD:
+        if len(data) >= self.transfer.multipart_threshold:
             import io
 
-            _retry(lambda: self.client.upload_fileobj(io.BytesIO(data), self.bucket, k, Config=self.transfer), self.url(key))
+            self._call(lambda: self.client.upload_fileobj(io.BytesIO(data), self.bucket, k, Config=self.transfer), self.url(key))
         else:
-            _retry(lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=data), self.url(key))
+            self._call(lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=data), self.url(key))
 
     def put_file(self, key: str, src: str | os.PathLike) -> None:
-        _retry(lambda: self.client.upload_file(str(src), self.bucket, self._key(key), Config=self.transfer), self.url(key))
+        self._call(lambda: self.client.upload_file(str(src), self.bucket, self._key(key), Config=self.transfer), self.url(key))
 
     def exists(self, key: str) -> bool:
         try:
-            _retry(lambda: self.client.head_object(Bucket=self.bucket, Key=self._key(key)), self.url(key))
+            self._call(lambda: self.client.head_object(Bucket=self.bucket, Key=self._key(key)), self.url(key))
             return True
         except NotFound:
+            self._check_bucket()
             return False
 
+    def _check_bucket(self) -> None:
+        """A HEAD answers a bare 404 for a missing key and a missing bucket alike: tell them apart, once."""
+        if self._bucket_seen:
+            return
+        try:
+            self._call(lambda: self.client.head_bucket(Bucket=self.bucket), f"s3://{self.bucket}")
+        except NotFound:
+            raise NotFound(f"s3://{self.bucket}: bucket does not exist") from None
+        self._bucket_seen = True
+
     def delete(self, key: str) -> None:
-        _retry(lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)), self.url(key))
+        self._call(lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)), self.url(key))
 
     def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist (tests and the embedded demo)."""

@@ -6,7 +6,7 @@ from dfp_shared.cli_support import common_options, settings_or_exit
 
 @click.group(name="target")
 def group():
-    """target service commands."""
+    """Target model server: hidden states of the frozen target's layers over gRPC, batched across callers."""
 
 
 @group.command()

@@ -7,7 +7,18 @@ import logging
 import os
 
 import pytest
-from dfp_shared.storage import LocalStore, NotFound, StorageError, check_uri, open_store, split_uri
+from dfp_shared.storage import (
+    CLIENT_RETRIES,
+    LocalStore,
+    NotFound,
+    S3Store,
+    StorageError,
+    check_uri,
+    open_store,
+    split_uri,
+)
+
+MiB = 1024 * 1024
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -41,6 +52,40 @@ def test_list_is_paginated_and_sorted(store):
     store.put_many((k, k.encode()) for k in keys)
     assert list(store.list("dir/", page_size=7)) == sorted(keys[:25])
     assert sorted(store.list("", page_size=10)) == sorted(keys)
+
+
+# keys where a directory-by-directory walk and plain string order disagree ('.' and '-' sort before '/')
+PREFIX_KEYS = ["a/a", "a/b-c", "a/b.txt", "a/b/c", "a/b/d/e", "a/b0", "a/bc/d", "a/c/b", "ab", "b"]
+
+
+@pytest.mark.parametrize("prefix", ["", "a", "a/", "a/b", "a/b/", "a/bc/d", "a/x/", "zz", "./a", "a//b", "../a"])
+def test_list_prefix_is_a_plain_string_prefix(store, prefix):
+    store.put_many((k, b"") for k in PREFIX_KEYS)
+    assert list(store.list(prefix, page_size=2)) == sorted(k for k in PREFIX_KEYS if k.startswith(prefix))
+
+
+def test_list_rejects_an_empty_page(store):
+    with pytest.raises(StorageError, match="page_size"):
+        list(store.list("", page_size=0))
+
+
+def test_local_list_walks_only_below_the_prefix_lazily(tmp_path, monkeypatch):
+    store = LocalStore(tmp_path)
+    store.put_many((k, b"") for k in ["a/1/x", "a/2/y", "a/b.txt", "a/bc/d", "b/z", "c/e"])
+    scanned = []
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path: scanned.append(os.path.relpath(path, tmp_path)) or scandir(path))
+
+    keys = store.list("a/b")
+    assert next(keys) == "a/b.txt"
+    assert scanned == ["a"]  # not the root, not a/1 or a/2
+    assert list(keys) == ["a/bc/d"]
+    assert scanned == ["a", "a/bc"]
+
+    scanned.clear()
+    keys = store.list("")
+    assert next(keys) == "a/1/x"
+    assert scanned == [".", "a", "a/1"]  # one directory at a time, in key order
 
 
 def test_files_roundtrip(store, tmp_path):
@@ -77,6 +122,110 @@ def test_missing_bucket_is_a_clear_error(s3_server):
     store = open_store("s3://no-such-bucket-here", endpoint_url=s3_server.endpoint_url)
     with pytest.raises(NotFound, match="bucket does not exist"):
         store.get("k")
+
+
+def test_exists_on_a_missing_bucket_is_a_clear_error(s3_server, s3_bucket):
+    store = open_store("s3://no-such-bucket-here", endpoint_url=s3_server.endpoint_url)
+    with pytest.raises(StorageError, match="s3://no-such-bucket-here: bucket does not exist"):
+        store.exists("k")
+
+    store = open_store(s3_bucket, endpoint_url=s3_server.endpoint_url)
+    bucket_heads = []
+    store.client.meta.events.register("before-send.s3.HeadBucket", lambda **_: bucket_heads.append(1))
+    assert not store.exists("missing-1")
+    assert not store.exists("missing-2")
+    assert len(bucket_heads) == 1  # the bucket is checked once per store
+
+
+def test_large_objects_go_up_and_down_in_parts(s3_server, s3_bucket, tmp_path):
+    bucket = s3_bucket.removeprefix("s3://")
+    store = S3Store(bucket, "big", endpoint_url=s3_server.endpoint_url, multipart_threshold=8 * MiB,
+                    multipart_chunksize=5 * MiB)
+    ranges = []
+    store.client.meta.events.register("before-parameter-build.s3.GetObject",
+                                      lambda params, **_: ranges.append(params.get("Range")))
+
+    def etag(key):
+        return store.client.head_object(Bucket=bucket, Key="big/" + key)["ETag"].strip('"')
+
+    data = os.urandom(12 * MiB)
+    store.put("blob.bin", data)
+    assert etag("blob.bin").endswith("-3")  # S3 gives a multipart object the ETag "<md5 of part md5s>-<parts>"
+    assert store.get("blob.bin") == data
+    out = store.get_file("blob.bin", tmp_path / "blob.bin")
+    assert out.read_bytes() == data
+    assert len([r for r in ranges if r]) == 3  # get_file fetched three ranges
+
+    store.put_file("copy.bin", out)
+    assert etag("copy.bin").endswith("-3")
+    assert store.get("copy.bin") == data
+    store.put("small.bin", data[: 7 * MiB])
+    assert "-" not in etag("small.bin")  # below the threshold: one PUT
+
+    missing = S3Store("no-such-bucket-here", endpoint_url=s3_server.endpoint_url, multipart_threshold=8 * MiB,
+                      multipart_chunksize=5 * MiB)
+    with pytest.raises(NotFound, match="bucket does not exist"):
+        missing.put("blob.bin", data)
+    with pytest.raises(NotFound, match="bucket does not exist"):  # boto3 wraps this one's error
+        missing.put_file("blob.bin", out)
+
+
+class _Faults:
+    """Answers the first ``times`` GetObject requests with a fault instead of sending them to the server."""
+
+    def __init__(self, store: S3Store, fault: str, times: int):
+        self.fault, self.times, self.seen = fault, times, 0
+        store.client.meta.events.register("before-send.s3.GetObject", self)
+
+    def __call__(self, request, **_):
+        from botocore.awsrequest import AWSResponse
+        from botocore.exceptions import ConnectionClosedError
+
+        self.seen += 1
+        if self.seen > self.times:
+            return None  # sent for real
+        if self.fault == "reset":
+            raise ConnectionClosedError(endpoint_url=request.url)
+        status = {"SlowDown": 503, "InternalError": 500}[self.fault]
+        body = f"<Error><Code>{self.fault}</Code><Message>try again</Message></Error>".encode()
+        return AWSResponse(request.url, status, {"content-type": "application/xml"}, _RawBody(body))
+
+
+class _RawBody:
+    def __init__(self, body: bytes):
+        self.body = body
+
+    def stream(self, **_):
+        yield self.body
+
+
+@pytest.mark.parametrize(("fault", "times"), [("SlowDown", 1), ("InternalError", 2), ("reset", 4)])
+def test_transient_errors_are_retried_until_the_call_succeeds(s3_server, s3_bucket, caplog, fault, times):
+    store = open_store(s3_bucket, endpoint_url=s3_server.endpoint_url)
+    store.put("k.bin", b"payload")
+    faults = _Faults(store, fault, times)
+    with caplog.at_level(logging.WARNING, logger="dfp_shared.storage"):
+        assert store.get("k.bin") == b"payload"
+    assert faults.seen == times + 1
+    # past the client's own retries, the store's loop takes over
+    store_retried = "transient storage error, retrying" in caplog.text
+    assert store_retried == (times > CLIENT_RETRIES)
+
+
+def test_a_lasting_transient_error_fails_clearly(s3_server, s3_bucket, monkeypatch, caplog):
+    secret = "sUp3rS3cretValue"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    bucket = s3_bucket.removeprefix("s3://")
+    store = S3Store(bucket, endpoint_url=s3_server.endpoint_url, attempts=2)
+    faults = _Faults(store, "InternalError", times=1_000_000)
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(StorageError) as err:
+        store.get("data/k.bin")
+    message = str(err.value)
+    assert f"s3://{bucket}/data/k.bin" in message
+    assert "InternalError" in message and "gave up after 2 attempts" in message
+    assert faults.seen == 2 * (CLIENT_RETRIES + 1)
+    assert secret not in message and secret not in caplog.text
 
 
 def test_missing_credentials_are_a_clear_error(s3_server, monkeypatch, tmp_path):

@@ -22,3 +22,5 @@ class GenerationSettings(CommonSettings):
     max_deliveries: int = Field(3, ge=1, description="Deliveries of a task before it is dead-lettered (and its job failed).")
     checkpoint_interval_s: float = Field(
         30.0, ge=0, description="Seconds between partial-shard checkpoints (resume after a crash); 0 = after every result.")
+    progress_interval_s: float = Field(
+        1.0, ge=0, description="Seconds between updates of a running shard's progress in the job record; 0 = every result.")

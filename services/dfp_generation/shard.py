@@ -125,7 +125,10 @@ class ShardRunner:
         self.checkpoint_interval_s = checkpoint_interval_s
 
     def run(self, prompts_root: str, shard: ShardPlan, *, on_result: Callable[[GenResult], None] | None = None,
-            should_stop: Callable[[], bool] | None = None) -> ShardOutcome:
+            should_stop: Callable[[], bool] | None = None,
+            on_resume: Callable[[list[GenResult]], None] | None = None) -> ShardOutcome:
+        """Run (or skip, or resume) one shard. ``on_resume`` sees the results restored from the shard's
+        checkpoint (possibly none) before any request starts; ``on_result`` each result as it finishes."""
         key = shard.key
         fingerprint = shard_fingerprint(self.spec, shard)
         done = self._read_json(f"done/{key}.json")
@@ -145,6 +148,8 @@ class ShardRunner:
         todo = [req for _, _, req in requests if req.id not in finished]
         if finished:
             log.info("resuming shard from checkpoint", extra={"shard": key, "done": len(finished), "todo": len(todo)})
+        if on_resume:
+            on_resume(list(finished.values()))
 
         last_checkpoint = time.monotonic()
 

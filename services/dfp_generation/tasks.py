@@ -2,8 +2,8 @@
 
 * ``plan``: split the prompt set into shards, record totals, queue one task per shard
   (deterministic keys ``shard-NNNNN``), save ``plan.json`` under the output prefix.
-* ``shard-NNNNN``: run the shard (see :mod:`.shard`), count it exactly once, and when it was the
-  last one queue ``finalize``.
+* ``shard-NNNNN``: run the shard (see :mod:`.shard`) with its progress live in the job record (see
+  :mod:`.live`), count it exactly once, and when it was the last one queue ``finalize``.
 * ``finalize``: write ``manifest.json`` and finish the job with its outputs.
 """
 
@@ -22,6 +22,7 @@ from dfp_shared.submit import PLAN_KEY, finish_job
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased, Worker
 
 from .engines import Engine, GenResult
+from .live import ShardProgress
 from .plan import ShardPlan, plan_shards
 from .settings import GenerationSettings
 from .shard import ShardRunner, prune_stale
@@ -123,12 +124,21 @@ class GenerationHandler:
         shard = ShardPlan.from_payload(task.payload)
         runner = ShardRunner(spec, self.engine(spec), endpoint_url=self.settings.s3_endpoint_url,
                              checkpoint_interval_s=self.settings.checkpoint_interval_s)
+        live = ShardProgress(self.r, task.job_id, shard.key, spec.samples_per_prompt,
+                             every_s=self.settings.progress_interval_s)
         started = time.monotonic()
         state = {"done": 0, "tokens": 0, "checked": started, "cancelled": False}
+
+        def on_resume(restored: list[GenResult]) -> None:
+            for res in restored:
+                live.add(res)
+            live.publish()  # takes the shard over from an earlier attempt at once
 
         def on_result(res: GenResult) -> None:
             state["done"] += 1
             state["tokens"] += res.completion_tokens
+            live.add(res)
+            live.maybe_publish()
             now = time.monotonic()
             if now - state["checked"] >= PROGRESS_EVERY_S:
                 state["checked"] = now
@@ -141,12 +151,14 @@ class GenerationHandler:
         def should_stop() -> bool:
             return state["cancelled"] or ctx.stopping.is_set()
 
-        outcome = runner.run(task.payload["prompts_root"], shard, on_result=on_result, should_stop=should_stop)
+        outcome = runner.run(task.payload["prompts_root"], shard, on_result=on_result, should_stop=should_stop,
+                             on_resume=on_resume)
         if outcome.stopped:
+            live.publish()  # the counts so far stay in the record until another attempt takes the shard
             if state["cancelled"] or ctx.cancelled():
                 raise TaskCancelled(task.job_id)
             raise TaskReleased(task.key)
-        if self.jobs.complete_task(task.job_id, shard.key, **outcome.counters()):
+        if live.complete(**outcome.counters()):
             self.jobs.emit(task.job_id, "shard_done", {"shard": shard.key, "completions": outcome.completions,
                                                        "errors": outcome.errors, "unreadable": outcome.unreadable,
                                                        "output_tokens": outcome.output_tokens})

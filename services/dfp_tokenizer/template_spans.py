@@ -13,10 +13,15 @@ next literal. That gives the character span of every message, whatever the templ
 them (Qwen3 dropping earlier turns' reasoning simply leaves those markers out). If a template's
 control flow depends on user text, the skeleton differs from ``text`` and the alignment fails;
 the locator then retries with only the assistant fields replaced, and only then gives up on the
-sample (``template_alignment``) rather than guess.
+sample (``template_alignment``) rather than guess. The names of an assistant turn's tool calls are
+located the same way (a marker in place of each name), so a turn that only calls tools, with no
+text, still has a span; a template that does not print a name once per call is aligned without
+them.
 
 An assistant turn's generated region starts after the template's generation prompt (the text
-``add_generation_prompt=True`` appends, e.g. ``<|im_start|>assistant\\n``) and ends after the
+``add_generation_prompt=True`` appends, e.g. ``<|im_start|>assistant\\n``; where a turn does not
+print it whole, e.g. Qwen3's non-thinking prompt with its empty ``<think>`` block before a turn
+that has none, the prompt the template appends with thinking on) and ends after the
 end-of-turn token that follows its content (the first special token the template prints after an
 assistant message, e.g. ``<|im_end|>``), so it includes a ``<think>`` block and tool calls.
 """
@@ -103,7 +108,9 @@ class TemplateLocator:
         self.thinking = thinking
         self.specials = sorted(set(special_token_texts), key=len, reverse=True)
         self._skeletons: dict[tuple, tuple[list[str], list]] = {}
-        self.generation_prompt = self._probe_generation_prompt()
+        # the generation prompt first, then the other thinking mode's (a turn may print only that one)
+        self.generation_prompts = list(dict.fromkeys(g for g in (self._probe_generation_prompt(thinking),
+                                                                 self._probe_generation_prompt(not thinking)) if g))
         self.end_of_turn = self._probe_end_of_turn()
 
     # rendering
@@ -114,6 +121,8 @@ class TemplateLocator:
         for i, m in enumerate(messages):
             msg = {k: v for k, v in m.items() if k != "reasoning" and v is not None}
             msg["content"] = values.get((i, "content"), m["content"]) if values else m["content"]
+            if values and m.get("tool_calls") and any((i, "tool", j) in values for j in range(len(m["tool_calls"]))):
+                msg["tool_calls"] = [_with_name(tc, values.get((i, "tool", j))) for j, tc in enumerate(m["tool_calls"])]
             # without thinking, an explicit empty reasoning keeps templates from parsing <think> out of content
             reasoning = m.get("reasoning") if self.thinking else ("" if m["role"] == "assistant" else None)
             if reasoning is not None:
@@ -122,16 +131,16 @@ class TemplateLocator:
             out.append(Message(msg))
         return out
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = False, **overrides) -> str:
         return self.compiled.render(messages=messages, tools=None, documents=None,
-                                    add_generation_prompt=add_generation_prompt, **self.variables)
+                                    add_generation_prompt=add_generation_prompt, **{**self.variables, **overrides})
 
-    def _probe_generation_prompt(self) -> str:
+    def _probe_generation_prompt(self, thinking: bool) -> str:
         for msgs in ([{"role": "user", "content": PROBE}],
                      [{"role": "system", "content": PROBE}, {"role": "user", "content": PROBE}]):
             try:
-                without = self.render(msgs)
-                with_prompt = self.render(msgs, add_generation_prompt=True)
+                without = self.render(msgs, enable_thinking=thinking)
+                with_prompt = self.render(msgs, add_generation_prompt=True, enable_thinking=thinking)
             except Exception:  # noqa: BLE001 - some templates insist on a system turn
                 continue
             if with_prompt.startswith(without):
@@ -160,20 +169,24 @@ class TemplateLocator:
             text = self.render(self.template_messages(messages))
         except Exception as exc:  # noqa: BLE001 - template raise_exception() and friends
             raise SampleError(TEMPLATE_ERROR, f"chat template failed: {exc}") from None
-        for only_assistant, strict in ((False, True), (True, True), (True, False)):
-            spans = self._field_spans(messages, text, only_assistant, strict)
-            if spans is not None:
-                return text, self._turns(messages, text, spans)
+        tool_names = (True, False) if any(m.get("tool_calls") for m in messages) else (False,)
+        for names in tool_names:
+            for only_assistant, strict in ((False, True), (True, True), (True, False)):
+                spans = self._field_spans(messages, text, only_assistant, strict, names)
+                if spans is not None:
+                    return text, self._turns(messages, text, spans)
         raise SampleError(TEMPLATE_ALIGNMENT, "could not locate the assistant turns in the rendered chat template")
 
     def _markers(self, messages: list[dict]) -> tuple[str, str]:
-        blob = "".join(m["content"] + (m.get("reasoning") or "") for m in messages)
+        blob = "".join(m["content"] + (m.get("reasoning") or "")
+                       + (json.dumps(m["tool_calls"], ensure_ascii=False, default=str) if m.get("tool_calls") else "")
+                       for m in messages)
         for open_, close in MARKER_CHARS:
             if open_ not in blob and close not in blob:
                 return open_, close
         raise SampleError(TEMPLATE_ALIGNMENT, "the sample uses every private-use marker character")
 
-    def _field_spans(self, messages, text, only_assistant: bool, strict: bool) -> dict | None:
+    def _field_spans(self, messages, text, only_assistant: bool, strict: bool, tool_names: bool) -> dict | None:
         open_, close = self._markers(messages)
         fields = []
         for i, m in enumerate(messages):
@@ -183,8 +196,10 @@ class TemplateLocator:
                 fields.append((i, "content"))
             if self.thinking and m["role"] == "assistant" and m.get("reasoning"):
                 fields.append((i, "reasoning"))
+            if tool_names and m["role"] == "assistant":
+                fields += [(i, "tool", j) for j, tc in enumerate(m.get("tool_calls") or []) if _tool_name(tc)]
         # with every text replaced, the skeleton depends only on the conversation's structure: cache it
-        key = None if only_assistant else (open_, tuple(_shape(m) for m in messages))
+        key = None if only_assistant else (open_, tool_names, tuple(_shape(m) for m in messages))
         parsed = self._skeletons.get(key) if key else None
         if parsed is None:
             values = {f: f"{open_}{n}{close}" for n, f in enumerate(fields)}
@@ -208,8 +223,8 @@ class TemplateLocator:
             return None
         pos = len(literals[0])
         spans = {}
-        for n, (i, name) in enumerate(order):
-            value = messages[i][name]
+        for n, f in enumerate(order):
+            value = _field_value(messages, f)
             lit = literals[n + 1]
             last = n + 1 == len(order)
             end = None
@@ -227,7 +242,7 @@ class TemplateLocator:
                     end = text.find(lit, pos) if lit else None
                 if end is None or end < 0:
                     return None
-            spans[(i, name)] = (pos, end)
+            spans[f] = (pos, end)
             pos = end + len(lit)
         return spans if pos == len(text) else None
 
@@ -238,17 +253,18 @@ class TemplateLocator:
             if m["role"] != "assistant":
                 continue
             r, c = spans.get((i, "reasoning")), spans.get((i, "content"))
-            own = [s for s in (r, c) if s is not None]
+            tools = [s for f, s in spans.items() if f[0] == i and f[1] == "tool"]
+            own = [s for s in (r, c, *tools) if s is not None]
             if not own:
                 continue  # nothing of this turn was printed (or it is empty): not trainable
             first, last = min(a for a, _ in own), max(b for _, b in own)
             prev_end = max((b for a, b in bounds if b <= first and (a, b) not in own), default=0)
             gen_start = first
-            g = self.generation_prompt
-            if g:
+            for g in self.generation_prompts:
                 k = text.rfind(g, prev_end, first)
                 if k >= 0:
                     gen_start = k + len(g)
+                    break
             nxt = min((a for a, b in bounds if a >= last and (a, b) not in own), default=len(text))
             gen_end = last
             if self.end_of_turn:
@@ -265,3 +281,27 @@ def _shape(m: dict) -> tuple:
                   if k not in ("role", "content", "reasoning"))
     r = m.get("reasoning")
     return m["role"], bool(m["content"]), None if r is None else bool(r), extra
+
+
+def _tool_name(call) -> str | None:
+    """The function name of a tool call (``{"function": {"name": ...}}`` or ``{"name": ...}``), if any."""
+    if not isinstance(call, dict):
+        return None
+    fn = call.get("function") if isinstance(call.get("function"), dict) else call
+    name = fn.get("name")
+    return name if isinstance(name, str) and name else None
+
+
+def _with_name(call, name: str | None):
+    """A copy of a tool call with its function name replaced (the call itself when ``name`` is None)."""
+    if name is None:
+        return call
+    if isinstance(call.get("function"), dict):
+        return {**call, "function": {**call["function"], "name": name}}
+    return {**call, "name": name}
+
+
+def _field_value(messages: list[dict], field: tuple) -> str:
+    if field[1] == "tool":
+        return _tool_name(messages[field[0]]["tool_calls"][field[2]])
+    return messages[field[0]][field[1]]

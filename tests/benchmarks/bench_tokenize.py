@@ -119,7 +119,7 @@ def timed(fn, *args) -> tuple[int, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=1500, help="conversations in the corpus")
+    ap.add_argument("--samples", type=int, default=4000, help="conversations in the corpus")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved runs of project, baseline and limit (best kept)")
     ap.add_argument("--baseline-samples", type=int, default=150, help="conversations the (slow) baseline runs on")
     args = ap.parse_args()

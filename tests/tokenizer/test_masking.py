@@ -196,6 +196,57 @@ def test_max_length_drop_and_truncate(qwen3_tokenizer):
     assert isinstance(res, SampleError) and res.reason == NO_TRAINABLE_TOKENS
 
 
+
+# tool use: an assistant turn that calls a tool, the tool's response, the final answer
+
+TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>'
+TOOL_RESPONSE = '<tool_response>\n{"temp": 21}\n</tool_response>'
+
+
+def tool_conversation(content: str, reasoning: str | None, string_arguments: bool) -> list[dict]:
+    arguments = {"city": "Paris", "unit": "C"}
+    call = {"role": "assistant", "content": content,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": json.dumps(arguments) if string_arguments else arguments}}]}
+    if reasoning is not None:
+        call["reasoning_content"] = reasoning
+    return [{"role": "system", "content": "You can look up the weather."},
+            {"role": "user", "content": "How warm is it in Paris?"},
+            call,
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+            {"role": "assistant", "content": "It is 21 °C in Paris.", "reasoning_content": "The tool says 21."}]
+
+
+@pytest.mark.parametrize("train_turns", ["all", "last"])
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("content,reasoning,string_arguments", [
+    ("", None, True),  # the OpenAI wire shape: no text, arguments as a JSON string
+    ("Let me check.", "I need the weather.", False),
+])
+def test_qwen3_tool_calls_are_trained_tool_responses_are_not(qwen3_tokenizer, content, reasoning, string_arguments,
+                                                            thinking, train_turns):
+    messages = tool_conversation(content, reasoning, string_arguments)
+    enc = encoder_for(qwen3_tokenizer, thinking=thinking, train_turns=train_turns)
+    sample = parse_line(json.dumps({"id": "tools", "messages": messages}), "d")
+    res = enc.encode([enc.prepare(sample)])[0]
+    assert not isinstance(res, SampleError), res
+    hf = qwen3_tokenizer.apply_chat_template(enc.locator.template_messages(sample.messages), tokenize=True,
+                                             enable_thinking=thinking, return_dict=False)
+    assert res.ids.tolist() == list(hf)
+
+    # the call follows the last user query, so Qwen3 prints its reasoning (when it has some)
+    call_turn = ((f"<think>\n{reasoning}\n</think>\n\n" if thinking and reasoning else "")
+                 + (content + "\n" if content else "") + TOOL_CALL + "<|im_end|>")
+    answer = ("<think>\nThe tool says 21.\n</think>\n\n" if thinking else "") + "It is 21 °C in Paris.<|im_end|>"
+    runs = [qwen3_tokenizer.decode(r, skip_special_tokens=False) for r in masked_runs(res.ids, res.mask)]
+    assert runs == ([call_turn] if train_turns == "all" else []) + [answer]
+
+    untrained = qwen3_tokenizer.decode(res.ids[res.mask == 0], skip_special_tokens=False)
+    assert TOOL_RESPONSE in untrained and "You can look up the weather." in untrained
+    assert untrained.count("<|im_start|>assistant\n") == 2 and untrained.count("<|im_start|>user\n") == 2
+    if train_turns == "last":
+        assert TOOL_CALL in untrained
+
 # property-based: generated conversations with unicode, empty strings and role-header look-alikes
 
 TEXT = st.lists(st.one_of(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=12),

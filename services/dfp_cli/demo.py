@@ -10,9 +10,9 @@ import click
 @click.command()
 @click.option("--out", "out_dir", default="demo-output", show_default=True, type=click.Path(path_type=Path),
               help="Directory for the store, logs and Redis data.")
-@click.option("--prompts", type=int, default=48, show_default=True, help="Prompts from the built-in set.")
+@click.option("--prompts", type=int, default=32, show_default=True, help="Prompts from the built-in set.")
 @click.option("--max-new-tokens", type=int, default=96, show_default=True, help="Tokens generated per prompt.")
-@click.option("--train-steps", type=int, default=300, show_default=True, help="Drafter optimiser steps.")
+@click.option("--train-steps", type=int, default=150, show_default=True, help="Drafter optimiser steps.")
 @click.option("--fresh", is_flag=True, help="Delete the output directory first.")
 def demo(out_dir: Path, prompts: int, max_new_tokens: int, train_steps: int, fresh: bool):
     """Run the whole pipeline locally on the CPU with a tiny Qwen3 target.

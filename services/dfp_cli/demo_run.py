@@ -33,11 +33,11 @@ class DemoConfig:
     """What the demo runs; the defaults finish in a few minutes on 2 CPU cores."""
 
     out_dir: Path
-    prompts: int = 48
+    prompts: int = 32
     """Prompts taken from the built-in set (at most its size)."""
     max_new_tokens: int = 96
     """Tokens the tiny target generates per prompt (greedy)."""
-    train_steps: int = 300
+    train_steps: int = 150
     """Optimiser steps of the drafter."""
     draft_layers: int = 1
     """Draft decoder layers."""

@@ -9,7 +9,10 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.support.cli import ROOT
 
@@ -25,17 +28,19 @@ def copy_checkout(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
+@pytest.mark.timeout(1800)
 def test_make_demo_in_a_new_virtual_environment(tmp_path):
     repo = tmp_path / "dflash-pipeline"
     copy_checkout(repo)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
     env["COLUMNS"] = "200"
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if "/.venv/" not in p)
-    out = subprocess.run(["make", "demo", "DEMO_ARGS=--prompts 32 --train-steps 150"], cwd=repo, env=env,
-                         capture_output=True, text=True, timeout=1500)
+    started = time.monotonic()
+    out = subprocess.run(["make", "demo"], cwd=repo, env=env, capture_output=True, text=True, timeout=1700)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-6000:]
     assert (repo / ".venv" / "bin" / "dflash-pipeline").exists()  # the demo installed itself
+    print(f"make demo (install included) took {time.monotonic() - started:.0f} s")  # reported, not asserted
 
     tau = re.search(r"acceptance length tau: trained ([0-9.]+) vs untrained ([0-9.]+)", log)
     assert tau, log[-4000:]

@@ -4,7 +4,8 @@ A shard is a safetensors file with flat ``input_ids`` (int32), ``loss_mask`` (ui
 and ``offsets`` (int64, ``num_samples + 1`` sample boundaries starting at 0), plus string metadata
 (format, tokenizer and chat-template fingerprints, counts, sample ids, source). A dataset is a
 prefix holding ``shards/*.safetensors`` and a ``manifest.json`` listing them with counts and
-SHA-256 checksums; :func:`load_dataset` reads every shard once into three concatenated tensors.
+SHA-256 checksums (the tokenizer also records ``thinking``, the chat template's thinking mode);
+:func:`load_dataset` reads every shard once into three concatenated tensors.
 """
 
 from __future__ import annotations
@@ -156,6 +157,11 @@ class TokenDataset:
     @property
     def chat_template_fingerprint(self) -> str | None:
         return self.manifest.get("chat_template_fingerprint")
+
+    @property
+    def thinking(self) -> bool | None:
+        """Thinking mode the chat template was rendered in; None in manifests that predate the field."""
+        return self.manifest.get("thinking")
 
 
 def load_dataset(uri: str, endpoint_url: str | None = None, verify: bool = True, max_workers: int = 16) -> TokenDataset:

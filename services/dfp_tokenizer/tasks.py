@@ -173,7 +173,7 @@ class TokenizeHandler:
         out = self._store(spec.output)
         files = json.loads(out.get(PLAN_FILE))["files"]
         parts = [json.loads(data) for _, data in out.get_many([f"parts/{f['name']}.json" for f in files])]
-        manifest = build_manifest([p["entry"] for p in parts])
+        manifest = build_manifest([p["entry"] for p in parts], extra={"thinking": spec.thinking})
         stats = merge_stats(parts, manifest)
         out.put("stats.json", json.dumps(stats, indent=1).encode())
         out.put(MANIFEST, json.dumps(manifest, indent=1).encode())

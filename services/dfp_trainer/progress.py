@@ -35,7 +35,10 @@ def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event |
         for key, gauge in GAUGES.items():
             if key in scalars:
                 gauge.set(scalars[key])
-        log.info("training progress", extra={k: round(v, 6) if isinstance(v, float) else v for k, v in scalars.items()})
+        fields = {k: round(v, 6) if isinstance(v, float) else v for k, v in scalars.items()}
+        if row.get("per_position_accuracy"):
+            fields["per_position_accuracy"] = [round(a, 4) for a in row["per_position_accuracy"]]
+        log.info("training progress", extra=fields)
         if jobs is None:
             return
         if "total_steps" in row:

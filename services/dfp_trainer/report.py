@@ -1,8 +1,10 @@
-"""End of a run: export the drafter, measure acceptance length (trained vs untrained), write the report.
+"""End of a run: export the drafter, evaluate it (trained vs untrained), write the report.
 
 Outputs under the run's output prefix: ``drafter/`` (the export the DFlash reference loads),
-``report.json`` (τ of both drafters, loss, accuracy per block position, throughput, data-wait and
-communication shares), ``loss_curve.png`` and ``position_accuracy.png``.
+``report.json`` (``evaluation``: τ of both drafters by speculative decoding on the held-out prompts,
+and ``heldout_trained`` / ``heldout_untrained``: loss, accuracy and accuracy per block position on the
+held-out samples; ``summary``: the training-batch loss and accuracy of the last steps, throughput,
+data-wait and communication shares), ``loss_curve.png`` and ``position_accuracy.png``.
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ from __future__ import annotations
 import io
 import json
 import logging
-import tempfile
 from pathlib import Path
 
 import torch
 from dfp_shared.storage import open_store
+
+from .heldout import evaluate_heldout, initial_weights
+from .settings import scratch_dir
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +72,10 @@ def evaluate_drafters(setup, drafter, opts) -> dict:
     kwargs = dict(max_new_tokens=spec.eval_max_new_tokens, layer_ids=setup.layer_ids)
     was_training = drafter.training
     drafter.eval()
-    trained_state = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
     with torch.no_grad():
         trained = acceptance(drafter, target, setup.tokenizer, prompts, **kwargs)
-        drafter.load_state_dict(setup.initial_state)
-        untrained = acceptance(drafter, target, setup.tokenizer, prompts, **kwargs)
-        drafter.load_state_dict(trained_state)
+        with initial_weights(setup, drafter):
+            untrained = acceptance(drafter, target, setup.tokenizer, prompts, **kwargs)
     drafter.train(was_training)
     return {"tau_trained": float(trained["tau"]), "tau_untrained": float(untrained["tau"]),
             "eval_prompts": len(prompts), "eval_trained": trained, "eval_untrained": untrained}
@@ -127,25 +129,37 @@ def finish_run(setup, drafter, history: list[dict], summary: dict, opts) -> dict
 
     spec = setup.spec
     out = open_store(spec.output, endpoint_url=opts.endpoint_url)
-    with tempfile.TemporaryDirectory(prefix="dflash-export-") as tmp:
+    with scratch_dir(opts.work_dir, "dflash-export-") as tmp:
         export_drafter(drafter, tmp)
         files = [p for p in Path(tmp).rglob("*") if p.is_file()]
         out.put_many([(f"drafter/{p.relative_to(tmp).as_posix()}", p.read_bytes()) for p in files])
     report = {"summary": summary, "spec": spec.model_dump(mode="json"), "target_layer_ids": setup.layer_ids,
-              "enable_thinking": spec.enable_thinking}
+              "enable_thinking": spec.enable_thinking, "dataset_thinking": setup.dataset.thinking}
     if opts.evaluate and spec.eval_prompts:
-        report["evaluation"] = evaluate_drafters(setup, drafter, opts)
+        report["evaluation"] = {**evaluate_drafters(setup, drafter, opts), **evaluate_heldout(setup, drafter)}
     report["history"] = [{k: v for k, v in r.items() if k != "per_position_accuracy"} for r in history]
     out.put_many([("report.json", json.dumps(report, indent=1).encode()),
                   ("loss_curve.png", plot_loss(history)),
                   ("position_accuracy.png", plot_position_accuracy(summary.get("per_position_accuracy", [])))])
-    log.info("training finished", extra={"final_loss": summary.get("final_loss"),
-                                         **{k: v for k, v in report.get("evaluation", {}).items()
-                                            if k.startswith("tau")}})
     base = spec.output.rstrip("/")
+    results = headline(summary, report.get("evaluation", {}))
+    log.info("training finished", extra={k: v for k, v in results.items() if v is not None})
     return {"drafter": base + "/drafter/", "report": base + "/report.json",
-            "plots": [base + "/loss_curve.png", base + "/position_accuracy.png"],
-            "tau_trained": report.get("evaluation", {}).get("tau_trained"),
-            "tau_untrained": report.get("evaluation", {}).get("tau_untrained"),
-            "final_loss": summary.get("final_loss_avg"),
-            "per_position_accuracy": [round(a, 4) for a in summary.get("per_position_accuracy", [])]}
+            "plots": [base + "/loss_curve.png", base + "/position_accuracy.png"], **results}
+
+
+def headline(summary: dict, evaluation: dict) -> dict:
+    """The run's headline figures (job outputs and the finished log): training-batch loss and accuracy
+    per block position over the last steps, τ trained vs untrained, and the held-out metrics."""
+    held = evaluation.get("heldout_trained") or {}
+    held_before = evaluation.get("heldout_untrained") or {}
+    return {"final_loss": summary.get("final_loss_avg"),
+            "per_position_accuracy": _rounded(summary.get("per_position_accuracy")),
+            "tau_trained": evaluation.get("tau_trained"), "tau_untrained": evaluation.get("tau_untrained"),
+            "heldout_loss": held.get("loss"), "heldout_loss_untrained": held_before.get("loss"),
+            "heldout_accuracy": held.get("accuracy"),
+            "heldout_per_position_accuracy": _rounded(held.get("per_position_accuracy"))}
+
+
+def _rounded(values: list[float] | None) -> list[float] | None:
+    return None if values is None else [round(a, 4) for a in values]

@@ -45,7 +45,7 @@ def run_local(spec: TrainSpec, settings: TrainerSettings, *, job_id: str | None 
     info = init_distributed(settings.device)
     opts = RunOptions(target_url=spec.target_url or settings.target_url, endpoint_url=settings.s3_endpoint_url,
                       fetch_inflight=settings.fetch_inflight, prefetch_batches=settings.prefetch_batches,
-                      resume=resume, progress_every_s=settings.progress_every_s)
+                      resume=resume, progress_every_s=settings.progress_every_s, work_dir=settings.work_dir)
     hooks = job_hooks(settings.redis_url if job_id else None, job_id, stop, extra_stop)
     try:
         return train(spec, opts, info, hooks)

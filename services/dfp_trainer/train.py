@@ -53,6 +53,7 @@ class RunOptions:
     resume: bool = True  # continue from the latest checkpoint under the output prefix, if any
     progress_every_s: float = 2.0  # seconds between progress callbacks
     evaluate: bool = True  # run the acceptance-length evaluation and write the report at the end
+    work_dir: str = ""  # local scratch (export staging); empty: the system temporary directory
 
 
 @dataclass
@@ -95,12 +96,7 @@ def output_uri(spec: TrainSpec, part: str) -> str:
 def prepare(spec: TrainSpec, opts: RunOptions, info: DistInfo, source=None) -> Setup:
     """Load and check the run's inputs; every problem raises :class:`TrainError` before training."""
     from dfp_shared.models import local_model_dir, model_fingerprint
-    from dfp_shared.tokenizer_assets import (
-        MASK_TOKEN,
-        chat_template_fingerprint,
-        load_tokenizer,
-        tokenizer_fingerprint,
-    )
+    from dfp_shared.tokenizer_assets import chat_template_fingerprint, load_tokenizer, tokenizer_fingerprint
 
     from .model import DFlashDrafter, DrafterConfig
     from .target_parts import load_target_parts
@@ -110,13 +106,15 @@ def prepare(spec: TrainSpec, opts: RunOptions, info: DistInfo, source=None) -> S
     except FileNotFoundError as exc:
         raise TrainError(f"target: {exc}") from None
     tokenizer = load_tokenizer(model_dir)
-    if MASK_TOKEN not in tokenizer.get_vocab():
-        raise TrainError(f"target {spec.target}: its tokenizer has no mask token {MASK_TOKEN!r}; DFlash fills block "
+    mask_token = spec.mask_token
+    if mask_token not in tokenizer.get_vocab():
+        raise TrainError(f"target {spec.target}: its tokenizer has no mask token {mask_token!r}; DFlash fills block "
                          f"positions with it (add it as a special token and resize the embeddings)")
-    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    mask_id = tokenizer.convert_tokens_to_ids(mask_token)
     dataset = load_training_data(spec.dataset, endpoint_url=opts.endpoint_url,
-                                 tokenizer_fingerprint=_fingerprints(tokenizer, tokenizer_fingerprint, MASK_TOKEN),
+                                 tokenizer_fingerprint=_fingerprints(tokenizer, tokenizer_fingerprint, mask_token),
                                  chat_template_fingerprint=chat_template_fingerprint(tokenizer))
+    check_thinking_mode(dataset, spec)
     try:
         parts = load_target_parts(model_dir)
     except (FileNotFoundError, ValueError) as exc:
@@ -129,7 +127,8 @@ def prepare(spec: TrainSpec, opts: RunOptions, info: DistInfo, source=None) -> S
                              f"(0..{num_layers - 1})")
     try:
         config = DrafterConfig.for_target(target_config, num_layers=spec.num_draft_layers, block_size=spec.block_size,
-                                          mask_token_id=mask_id, target_layer_ids=spec.target_layer_ids)
+                                          mask_token_id=mask_id, target_layer_ids=spec.target_layer_ids,
+                                          layer_types=spec.layer_types, sliding_window=spec.sliding_window)
     except ValueError as exc:
         raise TrainError(f"target {spec.target}: {exc}") from None
     if mask_id >= embed.weight.shape[0]:
@@ -161,6 +160,21 @@ def prepare(spec: TrainSpec, opts: RunOptions, info: DistInfo, source=None) -> S
         raise TrainError(f"hidden-state source serves layers {served}; the drafter needs {layer_ids}")
     return Setup(spec, model_dir, tokenizer, dataset, drafter, initial, source, layer_ids, eval_index, train_pool,
                  int(getattr(minfo, "max_tokens_per_request", 0) or 0) or None)
+
+
+def check_thinking_mode(dataset, spec: TrainSpec) -> None:
+    """The dataset must be tokenized in the thinking mode the drafter will serve in (manifests written
+    before the mode was recorded carry none and are not checked)."""
+    thinking = dataset.thinking
+    if thinking is None:
+        log.warning("dataset manifest does not record its thinking mode; not checked",
+                    extra={"dataset": spec.dataset, "enable_thinking": spec.enable_thinking})
+        return
+    if bool(thinking) != spec.enable_thinking:
+        manifest = spec.dataset.rstrip("/") + "/manifest.json"
+        raise TrainError(f"{manifest}: the dataset was tokenized with thinking={str(thinking).lower()}, but the "
+                         f"train spec has enable_thinking={str(spec.enable_thinking).lower()}: the drafter must train "
+                         "in the thinking mode it serves in; re-tokenize, or set enable_thinking to match")
 
 
 def _fingerprints(tokenizer, fingerprint, mask_token: str) -> tuple[str, ...]:

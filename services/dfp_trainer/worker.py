@@ -16,7 +16,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from dfp_shared.submit import finish_job
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
 from .data import DataError
-from .settings import TrainerSettings
+from .settings import TrainerSettings, scratch_dir
 from .train import TrainError
 
 log = logging.getLogger(__name__)
@@ -79,7 +78,7 @@ class TrainHandler:
         return env
 
     def _torchrun(self, spec: TrainSpec, task: Task, ctx: TaskContext) -> dict:
-        with tempfile.TemporaryDirectory(prefix="dflash-train-") as tmp:
+        with scratch_dir(self.settings.work_dir, "dflash-train-") as tmp:
             spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
             spec_path.write_text(spec.model_dump_json())
             extra = shlex.split(self.settings.torchrun_args) or ["--standalone"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 
 import pytest
@@ -37,8 +38,9 @@ def target_server(tiny_qwen3_dir):
 
 
 def test_worker_completes_a_train_job_and_reports_progress(redis_server, redis_client, s3_server, s3_bucket,
-                                                           tiny_qwen3_dir, tiny_dataset, target_server):
+                                                           tiny_qwen3_dir, tiny_dataset, target_server, caplog):
     """Hidden states come from the gRPC target service; outputs go to S3."""
+    caplog.set_level(logging.INFO, logger="dfp_trainer")
     output = f"{s3_bucket}/runs/r1"
     spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, output, steps=5, checkpoint_every=2, eval_prompts=2,
                      eval_max_new_tokens=6, target_url=target_server)
@@ -73,6 +75,15 @@ def test_worker_completes_a_train_job_and_reports_progress(redis_server, redis_c
     assert ev["eval_prompts"] == 2 and ev["tau_trained"] >= 1.0 and ev["tau_untrained"] >= 1.0
     assert len(report["summary"]["per_position_accuracy"]) == spec["block_size"] - 1
     assert len(rec.outputs["per_position_accuracy"]) == spec["block_size"] - 1 and rec.outputs["final_loss"] > 0
+    held = ev["heldout_trained"]  # objective metrics on the held-out samples, trained and untrained drafter
+    assert ev["heldout_samples"] == 2 and held["loss"] > 0 and ev["heldout_untrained"]["loss"] > 0
+    assert len(held["per_position_accuracy"]) == spec["block_size"] - 1
+    assert rec.outputs["heldout_loss"] == held["loss"] and rec.outputs["heldout_accuracy"] == held["accuracy"]
+    assert rec.outputs["heldout_per_position_accuracy"] == [round(a, 4) for a in held["per_position_accuracy"]]
+    (finished,) = [r for r in caplog.records if r.getMessage() == "training finished"]
+    assert finished.per_position_accuracy == rec.outputs["per_position_accuracy"]
+    assert finished.tau_trained == ev["tau_trained"] and finished.tau_untrained == ev["tau_untrained"]
+    assert finished.heldout_per_position_accuracy == rec.outputs["heldout_per_position_accuracy"]
     for png in ("loss_curve.png", "position_accuracy.png"):
         assert out.get(png)[:8] == b"\x89PNG\r\n\x1a\n"
     ckpt = json.loads(out.get("checkpoints/latest.json"))

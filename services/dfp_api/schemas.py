@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from dfp_shared.jobs import JobState
 from dfp_shared.specs import SPECS, GenerateSpec, TokenizeSpec, TrainSpec
 from dfp_shared.submit import PIPELINE_WIRING
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 JobType = Enum("JobType", {name: name for name in SPECS}, type=str)
 JobType.__doc__ = "Kind of job."
@@ -42,6 +42,15 @@ class PipelineRequestSpec(BaseModel):
     generate: GenerateSpec
     tokenize: PipelineTokenizeStage  # type: ignore[valid-type]
     train: PipelineTrainStage  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _same_thinking_mode(self) -> PipelineRequestSpec:
+        # the trainer refuses a dataset of the other mode: say so now, not after generation ran
+        if self.tokenize.thinking != self.train.enable_thinking:
+            raise ValueError(f"tokenize.thinking is {self.tokenize.thinking} but train.enable_thinking is "
+                             f"{self.train.enable_thinking}: the drafter must be trained in the mode its data "
+                             "was tokenized in")
+        return self
 
 
 class GenerateJobRequest(BaseModel):

@@ -53,6 +53,9 @@ def test_bad_fields_are_422_with_field_and_reason(api):
     assert "scheme 'ftp'" in stage["spec.tokenize.output"]
     assert "spec.train.output" in fields_of(api.post("/v1/jobs", json={"type": "pipeline", "spec": {
         **PIPE_SPEC, "train": {"target": "/m"}}}))
+    modes = fields_of(api.post("/v1/jobs", json={"type": "pipeline", "spec": {
+        **PIPE_SPEC, "tokenize": {**PIPE_SPEC["tokenize"], "thinking": False}}}))
+    assert "tokenize.thinking is False but train.enable_thinking is True" in modes["spec"]
     assert fields_of(api.post("/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"}))
     assert "limit" in fields_of(api.get("/v1/jobs", params={"limit": 0}))
     assert "state" in fields_of(api.get("/v1/jobs", params={"state": "sleeping"}))

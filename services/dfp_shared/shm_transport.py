@@ -308,6 +308,15 @@ class ShmPool:
         with self._lock:
             return sorted(self._all)
 
+    def in_use(self) -> dict[str, int]:
+        """Segments not free for reuse, with their users (a call's lease, each tensor viewing it)."""
+        with self._lock:
+            return dict(self._holds)
+
+    @property
+    def lock_name(self) -> str:
+        return self._lock_path.name
+
     def close(self) -> None:
         with self._lock:
             if self.closed:

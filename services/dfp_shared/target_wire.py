@@ -15,9 +15,21 @@ import torch
 from .rpc import target_pb2 as pb
 from .tensor_codec import CodecError, decode_tensor, dtype_name, tensor_bytes
 
-SERVICE = "dflash_pipeline.target.v1.TargetService"
-MODEL_INFO_METHOD = f"/{SERVICE}/GetModelInfo"
-HIDDEN_STATES_METHOD = f"/{SERVICE}/HiddenStates"
+# Names come from the descriptor generated from protos/target.proto, so server, client, health and
+# reflection follow the contract (a renamed service or method fails here, at import).
+TARGET_SERVICE = pb.DESCRIPTOR.services_by_name["TargetService"]
+SERVICE = TARGET_SERVICE.full_name
+MODEL_INFO = TARGET_SERVICE.methods_by_name["GetModelInfo"]
+HIDDEN_STATES = TARGET_SERVICE.methods_by_name["HiddenStates"]
+
+
+def method_path(method) -> str:
+    """The HTTP/2 path of a method (``/<package>.<Service>/<Method>``), as the generated stub calls it."""
+    return f"/{method.containing_service.full_name}/{method.name}"
+
+
+MODEL_INFO_METHOD = method_path(MODEL_INFO)
+HIDDEN_STATES_METHOD = method_path(HIDDEN_STATES)
 DATA_FIELD = 15
 _DATA_TAG = bytes([(DATA_FIELD << 3) | 2])
 

@@ -22,7 +22,14 @@ from dfp_shared.hidden_states import (
     validate_sequences,
 )
 from dfp_shared.rpc import target_pb2 as pb
-from dfp_shared.target_wire import SERVICE, encode_chunk, tensor_chunks, unpack_tokens
+from dfp_shared.target_wire import (
+    HIDDEN_STATES,
+    MODEL_INFO,
+    SERVICE,
+    encode_chunk,
+    tensor_chunks,
+    unpack_tokens,
+)
 from dfp_shared.tensor_codec import CodecError, dtype_name, to_dtype
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -65,10 +72,10 @@ class TargetServer:
         self.server = grpc.server(ThreadPoolExecutor(settings.handler_threads, thread_name_prefix="target-rpc"),
                                   options=grpc_options(settings.max_message_bytes))
         handlers = {
-            "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+            MODEL_INFO.name: grpc.unary_unary_rpc_method_handler(
                 self.get_model_info, request_deserializer=pb.ModelInfoRequest.FromString,
                 response_serializer=pb.ModelInfo.SerializeToString),
-            "HiddenStates": grpc.unary_stream_rpc_method_handler(
+            HIDDEN_STATES.name: grpc.unary_stream_rpc_method_handler(
                 self.hidden_states, request_deserializer=pb.HiddenStatesRequest.FromString,
                 response_serializer=None),  # replies are already-encoded bytes
         }

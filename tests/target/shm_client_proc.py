@@ -1,6 +1,7 @@
 """A same-node client that kills itself (SIGKILL) as soon as the first tensor arrives through shared memory.
 
-Usage: python -m tests.target.shm_client_proc PORT SHM_DIR
+Usage: python -m tests.target.shm_client_proc PORT SHM_DIR [SEQUENCES [LENGTH]]
+Prints ``owner <pool owner>`` and ``segments <names>`` first.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ import torch
 from dfp_shared.target_client import TargetClient
 
 
-async def main(port: int, shm_dir: str) -> None:
+async def main(port: int, shm_dir: str, count: int = 6, length: int = 39) -> None:
     client = TargetClient(f"127.0.0.1:{port}", shm_dir=shm_dir, tokens_per_call=1 << 16)
-    seqs = [torch.arange(1, 40, dtype=torch.int32) + k for k in range(6)]
+    seqs = [torch.arange(1, length + 1, dtype=torch.int32) + k for k in range(count)]
     task = asyncio.ensure_future(client.hidden_states(seqs, [1, 2]))
     while client.stats["chunks"] == 0:
         await asyncio.sleep(0.001)
+    print("owner", client._pool.owner, flush=True)
     print("segments", " ".join(client._pool.names()), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
     await task
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2]))
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2], *(int(a) for a in sys.argv[3:5])))

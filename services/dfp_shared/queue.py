@@ -4,7 +4,8 @@ One stream per task kind (``dfp:tasks:<kind>``), one consumer group of workers. 
 delivered to one consumer with a lease; the consumer heartbeats while it works and acks when it
 is done. Tasks whose consumer died (idle past the lease) are reclaimed with XAUTOCLAIM by the
 next consumer that asks. A task delivered ``max_deliveries`` times without an ack moves to the
-dead-letter stream ``dfp:tasks:<kind>:dead`` with its last error.
+dead-letter stream ``dfp:tasks:<kind>:dead`` with its last error; a claim that dead-letters a task
+reports it to the caller's ``on_dead`` callback, so the consumer can fail the job that owns it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -22,6 +24,8 @@ from redis.exceptions import ResponseError
 log = logging.getLogger(__name__)
 
 GROUP = "workers"
+LEASE_EXPIRED = "consumer died or lease expired"
+"""The error of a task dead-lettered with no failure on record: every consumer of it died."""
 
 
 def stream_name(kind: str) -> str:
@@ -102,12 +106,14 @@ class TaskQueue:
                     payload=json.loads(fields.get("payload") or "{}"), deliveries=deliveries,
                     consumer=consumer, fields=fields)
 
-    def claim(self, consumer: str, block_ms: int = 1000, count: int = 1) -> list[Task]:
+    def claim(self, consumer: str, block_ms: int = 1000, count: int = 1,
+              on_dead: Callable[[Task, str], None] | None = None) -> list[Task]:
         """Next tasks for ``consumer``: stale tasks of dead consumers first, then new ones.
 
-        Tasks past their delivery limit are moved to the dead-letter stream on the way.
+        Tasks past their delivery limit are moved to the dead-letter stream on the way, each once
+        ``on_dead(task, last_error)`` has returned (``task.deliveries`` is then the attempts made).
         """
-        tasks = self._reclaim(consumer, count)
+        tasks = self._reclaim(consumer, count, on_dead)
         if tasks:
             return tasks
         resp = self._call(self.r.xreadgroup, self.group, consumer, {self.stream: ">"}, count=count, block=block_ms)
@@ -118,7 +124,7 @@ class TaskQueue:
                     out.append(self._to_task(entry_id, fields, consumer, 1))
         return out
 
-    def _reclaim(self, consumer: str, count: int) -> list[Task]:
+    def _reclaim(self, consumer: str, count: int, on_dead: Callable[[Task, str], None] | None) -> list[Task]:
         resp = self._call(self.r.xautoclaim, self.stream, self.group, consumer, min_idle_time=self.lease_ms,
                           start_id="0-0", count=count)
         claimed = resp[1] if resp else []
@@ -133,7 +139,10 @@ class TaskQueue:
             deliveries = self._deliveries(entry_id)
             task = self._to_task(entry_id, fields, consumer, deliveries)
             if deliveries > self.max_deliveries:
-                last = self.r.hget(self.errors_key, entry_id) or "consumer died or lease expired"
+                task.deliveries -= 1  # this delivery only moves it: count the attempts made
+                last = self.r.hget(self.errors_key, entry_id) or LEASE_EXPIRED
+                if on_dead is not None:
+                    on_dead(task, last)  # first: if it raises, a later claim reports the task again
                 self.dead_letter(task, last)
                 continue
             log.warning("reclaimed task of a dead or slow consumer",
@@ -161,21 +170,26 @@ class TaskQueue:
         pipe.hdel(self.errors_key, task.id)
         pipe.execute()
 
-    def ack_many(self, tasks: list[Task]) -> None:
-        """Ack a batch of finished tasks in one round trip."""
+    def ack_many(self, tasks: list[Task], pipe: redis.client.Pipeline | None = None) -> None:
+        """Ack a batch of finished tasks in one round trip (or queue the acks on ``pipe`` to send
+        with other commands)."""
         if not tasks:
             return
         ids = [t.id for t in tasks]
-        pipe = self.r.pipeline(transaction=False)
+        own = pipe is None
+        pipe = self.r.pipeline(transaction=False) if own else pipe
         pipe.xack(self.stream, self.group, *ids)
         pipe.xdel(self.stream, *ids)
         pipe.hdel(self.errors_key, *ids)
-        pipe.execute()
+        if own:
+            pipe.execute()
 
-    def release(self, task: Task) -> None:
-        """Give a task back now (e.g. on shutdown): it becomes reclaimable by any consumer at once."""
+    def release(self, task: Task, attempted: bool = True) -> None:
+        """Give a task back now (e.g. on shutdown): it becomes reclaimable by any consumer at once.
+        A task never ``attempted`` (claimed ahead, then given back) gets its delivery back too."""
+        retry = None if attempted else max(0, task.deliveries - 1)
         self._call(self.r.xclaim, self.stream, self.group, task.consumer, 0, [task.id],
-                   idle=self.lease_ms + 1, justid=True)
+                   idle=self.lease_ms + 1, retrycount=retry, justid=True)
 
     def fail(self, task: Task, error: str) -> bool:
         """Record a failed attempt. Dead-letters the task if it used its deliveries, else releases it

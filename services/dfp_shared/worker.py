@@ -2,13 +2,20 @@
 
 A service supplies a handler ``handle(task, ctx) -> dict | None``. The loop:
 
-* claims a task (reclaiming those of dead consumers first);
+* claims tasks (reclaiming those of dead consumers first): one at a time while tasks are slow,
+  several at once while each takes a small part of ``batch_s``, so fast tasks share round trips;
 * skips and acks tasks of cancelled jobs, and tasks already counted as done (redelivery after
-  a crash between counting and acking);
-* runs the handler while a heartbeat thread keeps the lease;
-* on success acks; on an exception records the error, retries or dead-letters, and when a task
-  is dead-lettered fails its job with the error;
-* on SIGTERM/SIGINT finishes the task in hand, then exits (a second signal releases it at once).
+  a crash between counting and acking); the cancel and done flags it acts on are never older
+  than ``batch_s``, and a handler's ``TaskCancelled`` applies to the job's next task at once;
+* runs the handler while a heartbeat thread keeps the lease of every task in hand;
+* on success acks (a batch's acks go out together: every ``batch_s``, at its end, or on the next
+  heartbeat tick if a long task follows);
+  on an exception records the error, retries or dead-letters;
+* fails the job of a task that is dead-lettered, whether its handler kept raising or its
+  consumers kept dying (a claim reports those);
+* on SIGTERM/SIGINT finishes the task in hand, gives back the tasks claimed ahead, then exits;
+  a second signal interrupts the handler (``WorkerAborted``, like ``KeyboardInterrupt``) and
+  gives the task in hand back at once, so another consumer takes it without waiting for its lease.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from dataclasses import dataclass, field
 from prometheus_client import Counter, Histogram
 
 from .jobs import JobNotFound, JobState, JobStore
-from .queue import Task, TaskQueue, default_consumer_name
+from .queue import LEASE_EXPIRED, Task, TaskQueue, default_consumer_name
+from .submit import finish_job
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +47,10 @@ class TaskCancelled(Exception):
 
 class TaskReleased(Exception):
     """Raised by a handler that gave its task back (e.g. on shutdown) without failing it."""
+
+
+class WorkerAborted(BaseException):
+    """Raised in the main thread by a second SIGTERM/SIGINT: stop now, give the tasks in hand back."""
 
 
 @dataclass
@@ -63,26 +75,42 @@ Handler = Callable[[Task, TaskContext], "dict | None"]
 
 class Worker:
     def __init__(self, queue: TaskQueue, jobs: JobStore, handler: Handler, *, consumer: str | None = None,
-                 heartbeat_s: float | None = None, block_ms: int = 1000):
+                 heartbeat_s: float | None = None, block_ms: int = 1000, batch_s: float = 0.02,
+                 max_batch: int = 100):
         self.queue = queue
         self.jobs = jobs
         self.handler = handler
         self.consumer = consumer or default_consumer_name()
         self.heartbeat_s = heartbeat_s or max(0.5, queue.lease_ms / 1000 / 3)
         self.block_ms = block_ms
+        self.batch_s = batch_s
+        self.hold_s = max(0.1, 5 * batch_s)
+        self.max_batch = max(1, max_batch)
         self.stopping = threading.Event()
         self.abort = threading.Event()
         self.tasks_done = 0
         self._started_jobs: set[str] = set()
         self._job_checked: dict[str, float] = {}
-        self._current: Task | None = None
+        self._task_s: float | None = None  # moving average of the loop's time per task
+        self._last_batch = 1
+        self._held: dict[str, Task] = {}  # claimed and not yet acked, released or dead-lettered
+        self._lost: set[str] = set()  # ids of held tasks another consumer took over
+        self._acks: list[Task] = []
+        self._cancel_flags: dict[str, bool] = {}  # job id -> cancelled, as of the last refresh
+        self._done_flags: dict[str, bool] = {}  # task id -> counted as done, as of the last refresh
         self._beat_lock = threading.Lock()
         self._beat_thread: threading.Thread | None = None
+        self._outcomes: dict[str, Counter] = {}
+        self._seconds = TASK_SECONDS.labels(queue.kind)
 
     def install_signal_handlers(self) -> None:
         def on_signal(signum, _frame):
+            if self.abort.is_set():
+                return
             if self.stopping.is_set():
                 self.abort.set()
+                log.warning("second signal: giving the tasks in hand back", extra={"signal": signum})
+                raise WorkerAborted()
             self.stopping.set()
             log.info("shutdown requested; finishing the task in hand", extra={"signal": signum})
 
@@ -93,30 +121,142 @@ class Worker:
         """Consume until stopped (or ``max_tasks`` done, or idle for ``idle_exit_s``). Returns tasks handled."""
         self.queue.ensure_group()
         idle_since = time.monotonic()
-        while not self.stopping.is_set():
-            if max_tasks is not None and self.tasks_done >= max_tasks:
-                break
-            tasks = self.queue.claim(self.consumer, block_ms=self.block_ms)
-            if not tasks:
-                if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
-                    break
-                continue
-            for task in tasks:
-                self.process(task)
-            idle_since = time.monotonic()
+        try:
+            while not self.stopping.is_set():
+                want = self._batch_size()
+                if max_tasks is not None:
+                    if self.tasks_done >= max_tasks:
+                        break
+                    want = min(want, max_tasks - self.tasks_done)
+                tasks = self.queue.claim(self.consumer, block_ms=self.block_ms, count=want,
+                                         on_dead=self._dead_lettered)
+                if not tasks:
+                    if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                        break
+                    continue
+                self._work(tasks)
+                idle_since = time.monotonic()
+        except WorkerAborted:
+            log.warning("worker aborted", extra={"consumer": self.consumer, "tasks": self.tasks_done})
+        finally:
+            with self._beat_lock:  # whatever is left (the loop failed) waits out its lease
+                self._held.clear()
         return self.tasks_done
+
+    # batches
+
+    def _batch_size(self) -> int:
+        """One task while tasks are slow (or unknown); while fast, as many as fit in ``batch_s``,
+        growing by at most twice the last batch (one fast task says little about the next ones)."""
+        if not self._task_s:
+            return 1
+        return max(1, min(self.max_batch, 2 * self._last_batch, int(self.batch_s / self._task_s)))
+
+    def _work(self, tasks: list[Task]) -> None:
+        """Handle claimed tasks in order. Flags are refreshed (and acks sent) every ``batch_s``; once
+        the batch has run past ``hold_s`` (a task was slower than its estimate), the tasks not
+        started yet are given back for other consumers."""
+        with self._beat_lock:
+            self._held.update((t.id, t) for t in tasks)
+        start = refreshed = time.monotonic()
+        i = 0
+        try:
+            for i, task in enumerate(tasks):
+                now = time.monotonic()
+                if self.stopping.is_set() or (i and now - start > self.hold_s):
+                    self._give_back(tasks[i:], attempted=False)
+                    break
+                if i == 0 or now - refreshed > self.batch_s:
+                    self._refresh(tasks[i:])
+                    refreshed = now
+                self.process(task)
+            else:
+                i = len(tasks)
+            self._flush()
+        except WorkerAborted:
+            try:
+                self._flush()
+            except Exception as exc:  # noqa: BLE001 - their tasks are redelivered
+                log.warning("acks not sent", extra={"error": str(exc)})
+            self._give_back(tasks[i:i + 1], attempted=True)
+            self._give_back(tasks[i + 1:], attempted=False)
+            raise
+        finally:
+            self._cancel_flags, self._done_flags = {}, {}
+        self._last_batch = len(tasks)
+        per_task = (time.monotonic() - start) / max(1, i)
+        self._task_s = per_task if self._task_s is None else 0.7 * self._task_s + 0.3 * per_task
+
+    def _refresh(self, tasks: list[Task]) -> None:
+        """One round trip: send the acks so far, read the cancel and done flags of ``tasks`` (the
+        keys ``JobStore.is_cancelled`` and ``JobStore.is_task_done`` read)."""
+        by_job: dict[str, list[Task]] = {}
+        for t in tasks:
+            by_job.setdefault(t.job_id, []).append(t)
+
+        def queue_checks(pipe):
+            for job_id, job_tasks in by_job.items():
+                pipe.exists(JobStore._key(job_id) + ":cancel")
+                pipe.smismember(JobStore._key(job_id) + ":done", [t.key for t in job_tasks])
+
+        flags = iter(self._flush(queue_checks))
+        self._cancel_flags, self._done_flags = {}, {}
+        for job_id, job_tasks in by_job.items():
+            self._cancel_flags[job_id] = bool(next(flags))
+            self._done_flags.update((t.id, bool(f)) for t, f in zip(job_tasks, next(flags)))
+
+    def _flush(self, more: Callable | None = None) -> list:
+        """Send the acks of the tasks handled so far (the heartbeat thread calls this too), with the
+        commands ``more(pipe)`` queues in the same round trip; returns the replies to those."""
+        with self._beat_lock:
+            acks, self._acks = self._acks, []
+        pipe = self.queue.r.pipeline(transaction=False)
+        self.queue.ack_many(acks, pipe=pipe)
+        skip = len(pipe)
+        if more is not None:
+            more(pipe)
+        try:
+            replies = pipe.execute() if len(pipe) else []
+        except Exception:
+            with self._beat_lock:
+                self._acks[:0] = acks  # sent again by the next flush
+            raise
+        self._drop(acks)
+        return replies[skip:]
+
+    def _drop(self, tasks: list[Task]) -> None:
+        with self._beat_lock:
+            for t in tasks:
+                self._held.pop(t.id, None)
+                self._lost.discard(t.id)
+
+    def _give_back(self, tasks: list[Task], *, attempted: bool) -> None:
+        for t in tasks:
+            if t.id in self._held:
+                try:
+                    self.queue.release(t, attempted=attempted)
+                except Exception as exc:  # noqa: BLE001 - its lease runs out instead
+                    log.warning("could not give a task back", extra={"task": t.id, "error": str(exc)})
+                self._drop([t])
+
+    # one task
+
+    def _cancelled(self, job_id: str) -> bool:
+        flag = self._cancel_flags.get(job_id)
+        return self.jobs.is_cancelled(job_id) if flag is None else flag
 
     def _job_live(self, job_id: str) -> bool | None:
         """True if the job takes tasks, False if it was cancelled or failed, None if it does not exist.
-        The cancel flag is checked every time; the full record at most every 200 ms per job."""
+        The cancel flag is checked for every task (as of the batch's last refresh); the full record at
+        most every 200 ms per job."""
         now = time.monotonic()
         if now - self._job_checked.get(job_id, -1.0) < 0.2:
-            return not self.jobs.is_cancelled(job_id)
+            return not self._cancelled(job_id)
         try:
             state = self.jobs.get(job_id).state
         except JobNotFound:
             return None
-        if state in (JobState.cancelled, JobState.failed) or self.jobs.is_cancelled(job_id):
+        if state in (JobState.cancelled, JobState.failed) or self._cancelled(job_id):
             self._job_checked.pop(job_id, None)
             return False
         self._job_checked[job_id] = now
@@ -125,50 +265,77 @@ class Worker:
             self._started_jobs.add(job_id)
         return True
 
+    def _count(self, outcome: str) -> None:
+        child = self._outcomes.get(outcome)
+        if child is None:
+            child = self._outcomes[outcome] = TASKS.labels(self.queue.kind, outcome)
+        child.inc()
+
+    def _ack(self, task: Task, outcome: str) -> None:
+        with self._beat_lock:
+            self._acks.append(task)
+        self._count(outcome)
+
     def process(self, task: Task) -> None:
-        kind = self.queue.kind
+        if task.id in self._lost:
+            log.warning("skipped a task another consumer took over", extra={"task": task.id, "job_id": task.job_id})
+            self._drop([task])
+            return
         live = self._job_live(task.job_id)
         if live is None:
             self.queue.dead_letter(task, f"job {task.job_id} does not exist")
+            self._drop([task])
             return
         if not live:
-            self.queue.ack(task)
-            TASKS.labels(kind, "skipped_cancelled").inc()
+            self._cancel_flags[task.job_id] = True
+            self._ack(task, "skipped_cancelled")
             return
-        if self.jobs.is_task_done(task.job_id, task.key):
-            self.queue.ack(task)
-            TASKS.labels(kind, "skipped_done").inc()
+        done = self._done_flags.get(task.id)
+        if done or (done is None and self.jobs.is_task_done(task.job_id, task.key)):
+            self._ack(task, "skipped_done")
             return
-        ctx = TaskContext(self.queue, self.jobs, task, self.stopping)
+        self._run_handler(task)
+
+    def _run_handler(self, task: Task) -> None:
         self._ensure_heartbeat()
-        with self._beat_lock:
-            self._current = task
         start = time.monotonic()
         try:
-            self.handler(task, ctx)
+            self.handler(task, TaskContext(self.queue, self.jobs, task, self.stopping))
         except TaskCancelled:
-            self.queue.ack(task)
-            TASKS.labels(kind, "cancelled").inc()
+            self._cancel_flags[task.job_id] = True
+            self._ack(task, "cancelled")
         except TaskReleased:
-            self.queue.release(task)
-            TASKS.labels(kind, "released").inc()
+            self._give_back([task], attempted=True)
+            self._count("released")
         except Exception as exc:  # noqa: BLE001 - any handler error is recorded against the task
             error = f"{type(exc).__name__}: {exc}"
-            log.error("task failed", extra={"kind": kind, "task": task.id, "job_id": task.job_id, "key": task.key,
-                                            "deliveries": task.deliveries, "error": error,
+            log.error("task failed", extra={"kind": self.queue.kind, "task": task.id, "job_id": task.job_id,
+                                            "key": task.key, "deliveries": task.deliveries, "error": error,
                                             "trace": traceback.format_exc(limit=5)})
             dead = self.queue.fail(task, error)
-            TASKS.labels(kind, "dead" if dead else "failed").inc()
+            self._drop([task])
+            self._count("dead" if dead else "failed")
             if dead:
                 self._fail_job(task, f"task {task.key!r} failed {task.deliveries} times; last error: {error}")
         else:
-            self.queue.ack(task)
-            TASKS.labels(kind, "ok").inc()
+            self._ack(task, "ok")
         finally:
-            with self._beat_lock:
-                self._current = None
-            TASK_SECONDS.labels(kind).observe(time.monotonic() - start)
+            self._seconds.observe(time.monotonic() - start)
             self.tasks_done += 1
+
+    def _dead_lettered(self, task: Task, error: str) -> None:
+        """A claim dead-lettered ``task`` (its consumers kept dying): fail its job, unless the task
+        was already counted as done."""
+        self._count("dead")
+        if self.jobs.is_task_done(task.job_id, task.key):
+            return
+        if error == LEASE_EXPIRED:
+            reason = f"task {task.key!r} was delivered {task.deliveries} times and its worker died each time"
+        else:
+            reason = f"task {task.key!r} was delivered {task.deliveries} times without finishing; last error: {error}"
+        self._fail_job(task, reason + "; dead-lettered")
+
+    # heartbeat
 
     def _ensure_heartbeat(self) -> None:
         if self._beat_thread is None or not self._beat_thread.is_alive():
@@ -176,25 +343,37 @@ class Worker:
             self._beat_thread.start()
 
     def _heartbeat(self) -> None:
-        """Keep the lease of the task in hand: one thread for the worker's life."""
+        """Keep the leases of the tasks in hand, and send acks a long task would hold up: one thread
+        for the worker's life."""
         beaten: dict[str, float] = {}
         while not self.abort.wait(min(0.5, self.heartbeat_s / 2)):
-            with self._beat_lock:
-                task = self._current
-            if task is None:
-                continue
-            since = beaten.setdefault(task.id, time.monotonic())
-            if time.monotonic() - since < self.heartbeat_s:
-                continue
-            beaten = {task.id: time.monotonic()}
             try:
-                if not self.queue.heartbeat(task):
+                self._flush()
+            except Exception as exc:  # noqa: BLE001 - the loop sends them at the end of the batch
+                log.warning("ack failed", extra={"error": str(exc)})
+            with self._beat_lock:
+                held = list(self._held.values())
+            now = time.monotonic()
+            beaten = {t.id: beaten.get(t.id, now) for t in held}
+            for task in held:
+                if now - beaten[task.id] < self.heartbeat_s:
+                    continue
+                beaten[task.id] = now
+                try:
+                    kept = self.queue.heartbeat(task)
+                except Exception as exc:  # noqa: BLE001 - Redis may be restarting; the next beat retries
+                    log.warning("heartbeat failed", extra={"task": task.id, "error": str(exc)})
+                    continue
+                with self._beat_lock:
+                    lost = not kept and task.id in self._held  # (not just acked)
+                    if lost:
+                        self._lost.add(task.id)
+                if lost:
                     log.warning("lost the lease of a task", extra={"task": task.id, "job_id": task.job_id})
-            except Exception as exc:  # noqa: BLE001 - Redis may be restarting; the next beat retries
-                log.warning("heartbeat failed", extra={"task": task.id, "error": str(exc)})
 
     def _fail_job(self, task: Task, error: str) -> None:
         try:
-            self.jobs.transition(task.job_id, JobState.failed, error=error)
-        except Exception as exc:  # noqa: BLE001 - already terminal
-            log.info("job not failed", extra={"job_id": task.job_id, "reason": str(exc)})
+            if finish_job(self.jobs.r, task.job_id, JobState.failed, error=error) is None:
+                log.info("job not failed: already finished", extra={"job_id": task.job_id})
+        except Exception as exc:  # noqa: BLE001 - the task is dead-lettered either way
+            log.warning("job not failed", extra={"job_id": task.job_id, "reason": str(exc)})

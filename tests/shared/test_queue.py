@@ -9,7 +9,7 @@ import time
 
 import pytest
 from dfp_shared.jobs import IllegalTransition, JobState, JobStore
-from dfp_shared.queue import TaskQueue
+from dfp_shared.queue import LEASE_EXPIRED, TaskQueue
 from dfp_shared.redis_conn import connect
 from dfp_shared.worker import Worker
 
@@ -77,6 +77,152 @@ def test_killed_consumer_task_is_redelivered_after_lease(redis_server, redis_cli
         stop_all([survivor])
     assert redis_client.lrange(f"attempts:{job.id}", 0, -1) == ["t00000:victim:1", "t00000:survivor:2"]
     assert redis_client.lrange(f"handled:{job.id}", 0, -1) == ["t00000"]
+
+
+def test_task_whose_consumers_keep_dying_is_dead_lettered_and_fails_its_job(redis_server, redis_client):
+    jobs = JobStore(redis_client)
+    pipeline, _ = jobs.create("pipeline", {})
+    job, _ = jobs.create("test", {}, parent_id=pipeline.id, stage="tokenize", totals={"tasks": 1})
+    TaskQueue(redis_client, "test").enqueue(job.id, "t00000", {"hang": 600})
+    max_deliveries = 3
+    for n in range(1, max_deliveries + 1):  # each consumer takes the task and is killed mid-task
+        victim = consumer(redis_server.url, f"c{n}", lease_ms=1000, max_deliveries=max_deliveries)
+        wait_until(lambda n=n: redis_client.llen(f"attempts:{job.id}") == n)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+    last = consumer(redis_server.url, "last", lease_ms=1000, max_deliveries=max_deliveries)
+    try:
+        wait_until(lambda: jobs.get(job.id).state == JobState.failed)
+    finally:
+        stop_all([last])
+    assert last.returncode == 0
+    assert redis_client.lrange(f"attempts:{job.id}", 0, -1) == ["t00000:c1:1", "t00000:c2:2", "t00000:c3:3"]
+    assert redis_client.llen(f"handled:{job.id}") == 0
+    assert jobs.get(job.id).error == ("task 't00000' was delivered 3 times and its worker died each time; "
+                                      "dead-lettered")
+    dead = TaskQueue(redis_client, "test").dead_letters()
+    assert [(d["key"], d["job_id"], d["deliveries"], d["error"]) for d in dead] == [
+        ("t00000", job.id, "3", LEASE_EXPIRED)]
+    q = TaskQueue(redis_client, "test")
+    assert q.pending() == 0 and redis_client.xlen(q.stream) == 0
+    parent = jobs.get(pipeline.id)  # the pipeline waiting on the stage ends too
+    assert parent.state == JobState.failed and "t00000" in parent.error
+
+
+def _polling_clients(r) -> int:
+    return sum(c.get("cmd") in ("xreadgroup", "xautoclaim") for c in r.client_list())
+
+
+def _reclaims(r) -> int:
+    return int(r.info("commandstats").get("cmdstat_xautoclaim", {}).get("calls", 0))
+
+
+def test_heartbeat_keeps_a_task_longer_than_its_lease(redis_server, redis_client):
+    lease_ms = 1500
+    procs = [consumer(redis_server.url, name, lease_ms=lease_ms) for name in ("a", "b")]
+    try:
+        wait_until(lambda: _polling_clients(redis_client) == 2)
+        job = new_job(redis_client, 1, payload={"sleep": 8})  # whichever takes it, the other keeps reclaiming
+        wait_until(lambda: redis_client.llen(f"attempts:{job.id}") == 1)
+        before = _reclaims(redis_client)
+        wait_until(lambda: _reclaims(redis_client) >= before + 3 * lease_ms // 200)  # polls 200 ms apart: 3 leases
+        assert redis_client.llen(f"handled:{job.id}") == 0  # still running, past its lease
+        wait_until(lambda: JobStore(redis_client).get(job.id).state == JobState.succeeded)
+    finally:
+        stop_all(procs)
+    [attempt] = redis_client.lrange(f"attempts:{job.id}", 0, -1)
+    assert attempt.endswith(":1")
+    assert redis_client.lrange(f"handled:{job.id}", 0, -1) == ["t00000"]
+    q = TaskQueue(redis_client, "test")
+    assert q.pending() == 0 and not q.dead_letters()
+
+
+def test_sigterm_finishes_the_task_in_hand_then_exits(redis_server, redis_client):
+    job = new_job(redis_client, 1, payload={"sleep": 3})
+    proc = consumer(redis_server.url, "c")
+    try:
+        wait_until(lambda: redis_client.llen(f"attempts:{job.id}") == 1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    finally:
+        stop_all([proc])
+    assert redis_client.lrange(f"attempts:{job.id}", 0, -1) == ["t00000:c:1"]
+    assert redis_client.lrange(f"handled:{job.id}", 0, -1) == ["t00000"]
+    assert JobStore(redis_client).get(job.id).state == JobState.succeeded
+    q = TaskQueue(redis_client, "test")
+    assert q.pending() == 0 and redis_client.xlen(q.stream) == 0
+
+
+def test_second_sigterm_gives_the_task_back_at_once(redis_server, redis_client):
+    job = new_job(redis_client, 1, payload={"sleep": 600})
+    lease_ms = 600_000
+    victim = consumer(redis_server.url, "victim", lease_ms=lease_ms)
+    try:
+        wait_until(lambda: redis_client.llen(f"attempts:{job.id}") == 1)
+        for _ in range(100):  # signals sent back to back may merge: send until it exits
+            victim.send_signal(signal.SIGTERM)
+            try:
+                victim.wait(0.2)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        assert victim.wait(60) == 0
+    finally:
+        stop_all([victim])
+    q = TaskQueue(redis_client, "test")
+    [entry] = redis_client.xpending_range(q.stream, q.group, min="-", max="+", count=10)
+    assert entry["time_since_delivered"] > lease_ms  # released, not waiting out its lease
+    assert redis_client.llen(f"handled:{job.id}") == 0
+    survivor = consumer(redis_server.url, "survivor", lease_ms=lease_ms)
+    try:
+        wait_until(lambda: JobStore(redis_client).get(job.id).state == JobState.succeeded)
+    finally:
+        stop_all([survivor])
+    assert redis_client.lrange(f"attempts:{job.id}", 0, -1) == ["t00000:victim:1", "t00000:survivor:2"]
+    assert redis_client.lrange(f"handled:{job.id}", 0, -1) == ["t00000"]
+    assert q.pending() == 0
+
+
+def test_tasks_claimed_ahead_are_given_back_on_shutdown_without_using_a_delivery(redis_client):
+    jobs = JobStore(redis_client)
+    new_job(redis_client, 200)
+    q = TaskQueue(redis_client, "test")
+    handled = []
+
+    def handle(task, ctx):
+        handled.append((task.key, task.deliveries))
+        if len(handled) == 49:  # batches of 1, 2, 4, 8, 16, 16, 16: 14 of the last are not started
+            worker.stopping.set()
+
+    worker = Worker(q, jobs, handle, consumer="w1", block_ms=100, batch_s=60, max_batch=16)
+    worker.run()
+    assert len(handled) == 49
+    given_back = redis_client.xpending_range(q.stream, q.group, min="-", max="+", count=100)
+    assert len(given_back) == 14
+    assert all(e["times_delivered"] == 0 and e["time_since_delivered"] > q.lease_ms for e in given_back)
+    Worker(q, jobs, handle, consumer="w2", block_ms=100).run(idle_exit_s=0.5)
+    assert sorted(handled) == [(f"t{i:05d}", 1) for i in range(200)]
+    assert q.pending() == 0 and redis_client.xlen(q.stream) == 0
+
+
+def test_a_slow_task_in_a_batch_gives_back_the_tasks_claimed_behind_it(redis_client):
+    jobs = JobStore(redis_client)
+    new_job(redis_client, 100)
+    q = TaskQueue(redis_client, "test")
+    handled = []
+
+    def handle(task, ctx):
+        handled.append((task.key, task.deliveries))
+        if task.key == "t00040":  # 10th of the batch of 16 that starts at t00031
+            time.sleep(0.5)
+
+    worker = Worker(q, jobs, handle, consumer="w", block_ms=100, batch_s=60, max_batch=16)
+    worker.hold_s = 0.1
+    redis_client.config_resetstat()
+    worker.run(idle_exit_s=0.5)
+    assert redis_client.info("commandstats")["cmdstat_xclaim"]["calls"] == 6  # t00041..t00046 given back
+    assert sorted(handled) == [(f"t{i:05d}", 1) for i in range(100)]  # then taken again, with no delivery used
+    assert q.pending() == 0 and redis_client.xlen(q.stream) == 0
 
 
 def test_always_failing_task_is_dead_lettered_with_last_error(redis_client):

@@ -1,8 +1,9 @@
 """A queue consumer process for tests: runs the shared Worker loop with a small real handler.
 
 Each handled task appends its key to ``handled:<job>`` and counts it with ``complete_task``.
-A task whose payload has ``sleep`` sleeps that long first (so it can be killed mid-task); one
-with ``fail`` always raises.
+A task whose payload has ``sleep`` sleeps that long first on its first delivery (so it can be
+killed mid-task), one with ``hang`` on every delivery; one with ``fail`` always raises. The process
+exits 0 after SIGTERM (it finishes the task in hand) or a second one (it gives the task back).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def main() -> None:
         r.rpush(f"attempts:{task.job_id}", f"{task.key}:{args.consumer}:{task.deliveries}")
         if task.payload.get("sleep") and task.deliveries == 1:  # only the first attempt is slow
             time.sleep(float(task.payload["sleep"]))
+        if task.payload.get("hang"):
+            time.sleep(float(task.payload["hang"]))
         r.rpush(f"handled:{task.job_id}", task.key)
         jobs.complete_task(task.job_id, task.key, items=1)
         if jobs.all_tasks_done(task.job_id):

@@ -3,7 +3,8 @@
 Reads the job spec from a JSON file, joins the process group torchrun describes, trains, and on
 rank 0 reports progress to the job record (when ``--job-id`` is given) and writes the result JSON
 to ``--result``. SIGTERM stops after the current step with a checkpoint (exit code 3); the next run
-resumes from it.
+resumes from it. Input the run cannot train on (dataset, target, settings) ends it with exit code 2
+and, on rank 0, ``{"input_error": ...}`` as the result, so the worker fails the job without retrying.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dfp_shared.specs.train import TrainSpec
 from .settings import TrainerSettings
 
 EXIT_STOPPED = 3
+EXIT_BAD_INPUT = 2
 
 
 def install_stop_flag() -> threading.Event:
@@ -62,9 +64,19 @@ def run_local(spec: TrainSpec, settings: TrainerSettings, *, job_id: str | None 
 def main(spec_path: str, job_id: str | None, result_path: str | None, no_resume: bool) -> None:
     settings = settings_or_exit(TrainerSettings, "trainer")
     spec = TrainSpec.model_validate(json.loads(Path(spec_path).read_text()))
+    from .data import DataError
+    from .train import TrainError
+
     stop = install_stop_flag()
-    result = run_local(spec, settings, job_id=job_id, stop=stop, resume=not no_resume)
-    if result_path and int(os.environ.get("RANK", "0")) == 0:
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    try:
+        result = run_local(spec, settings, job_id=job_id, stop=stop, resume=not no_resume)
+    except (TrainError, DataError) as exc:
+        if result_path and rank0:
+            Path(result_path).write_text(json.dumps({"input_error": str(exc)}))
+        print(f"cannot train: {exc}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    if result_path and rank0:
         Path(result_path).write_text(json.dumps({"step": result.step, "total_steps": result.total_steps,
                                                  "completed": result.completed, "outputs": result.outputs,
                                                  "summary": result.summary}))

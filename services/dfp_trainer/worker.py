@@ -93,7 +93,10 @@ class TrainHandler:
                     signalled = True
                 time.sleep(0.5)
             if result_path.exists():
-                return json.loads(result_path.read_text())
+                result = json.loads(result_path.read_text())
+                if "input_error" in result:  # a rank found input it cannot train on
+                    raise TrainError(result["input_error"])
+                return result
             if signalled:
                 return {"completed": False}
             raise RuntimeError(f"torchrun exited with code {proc.returncode} without a result")

@@ -92,14 +92,16 @@ def test_worker_completes_a_train_job_and_reports_progress(redis_server, redis_c
         "checkpoints/step-00000004/model.safetensors", "checkpoints/step-00000005/model.safetensors"]
 
 
+@pytest.mark.parametrize("nproc", [1, 2], ids=["in-process", "torchrun"])
 def test_worker_fails_a_job_with_a_foreign_dataset_at_once(tmp_path, redis_server, redis_client, tiny_qwen3_dir,
-                                                           tiny_samples):
+                                                           tiny_samples, nproc):
     foreign = write_dataset(f"file://{tmp_path}/foreign", *tiny_samples, tiny_qwen3_dir,
                             fingerprint="0000111122223333")
     job, _ = submit_job(redis_client, "train", tiny_spec(foreign, tiny_qwen3_dir, f"file://{tmp_path}/out"))
     done = subprocess.run(cli("trainer", "worker", "--max-tasks", "1", "--idle-exit", "10",
                               "--redis-url", redis_server.url),
-                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+                          env=subprocess_env(DFLASH_NPROC_PER_NODE=nproc), capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rec = JobStore(redis_client).get(job.id)
     assert rec.state == JobState.failed

@@ -94,11 +94,14 @@ class Worker:
         self._task_s: float | None = None  # moving average of the loop's time per task
         self._last_batch = 1
         self._held: dict[str, Task] = {}  # claimed and not yet acked, released or dead-lettered
+        self._unstarted: dict[str, Task] = {}  # held tasks of the batch whose handler has not started
+        self._batch_started: float | None = None
         self._lost: set[str] = set()  # ids of held tasks another consumer took over
         self._acks: list[Task] = []
         self._cancel_flags: dict[str, bool] = {}  # job id -> cancelled, as of the last refresh
         self._done_flags: dict[str, bool] = {}  # task id -> counted as done, as of the last refresh
         self._beat_lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one ack round trip at a time (loop and heartbeat)
         self._beat_thread: threading.Thread | None = None
         self._outcomes: dict[str, Counter] = {}
         self._seconds = TASK_SECONDS.labels(queue.kind)
@@ -139,8 +142,13 @@ class Worker:
         except WorkerAborted:
             log.warning("worker aborted", extra={"consumer": self.consumer, "tasks": self.tasks_done})
         finally:
+            try:
+                self._flush()  # acks still owed (a heartbeat's flush may have failed)
+            except Exception as exc:  # noqa: BLE001 - their tasks are redelivered and skipped as done
+                log.warning("acks not sent", extra={"error": str(exc)})
             with self._beat_lock:  # whatever is left (the loop failed) waits out its lease
                 self._held.clear()
+                self._unstarted.clear()
         return self.tasks_done
 
     # batches
@@ -153,19 +161,25 @@ class Worker:
         return max(1, min(self.max_batch, 2 * self._last_batch, int(self.batch_s / self._task_s)))
 
     def _work(self, tasks: list[Task]) -> None:
-        """Handle claimed tasks in order. Flags are refreshed (and acks sent) every ``batch_s``; once
-        the batch has run past ``hold_s`` (a task was slower than its estimate), the tasks not
-        started yet are given back for other consumers."""
+        """Handle claimed tasks in order. Flags are refreshed (and acks sent) every ``batch_s``. Once
+        the batch has run past ``hold_s`` (a task was slower than its estimate), the tasks not started
+        yet are given back for other consumers: by the heartbeat thread while a slow handler runs, or
+        here when the loop gets to them first."""
+        start = refreshed = time.monotonic()
         with self._beat_lock:
             self._held.update((t.id, t) for t in tasks)
-        start = refreshed = time.monotonic()
+            self._unstarted = {t.id: t for t in tasks}
+            self._batch_started = start
         i = 0
         try:
             for i, task in enumerate(tasks):
                 now = time.monotonic()
                 if self.stopping.is_set() or (i and now - start > self.hold_s):
-                    self._give_back(tasks[i:], attempted=False)
+                    self._give_back_unstarted()
                     break
+                with self._beat_lock:
+                    if self._unstarted.pop(task.id, None) is None:
+                        break  # the heartbeat gave the rest of the batch back
                 if i == 0 or now - refreshed > self.batch_s:
                     self._refresh(tasks[i:])
                     refreshed = now
@@ -179,10 +193,12 @@ class Worker:
             except Exception as exc:  # noqa: BLE001 - their tasks are redelivered
                 log.warning("acks not sent", extra={"error": str(exc)})
             self._give_back(tasks[i:i + 1], attempted=True)
-            self._give_back(tasks[i + 1:], attempted=False)
+            self._give_back_unstarted()
             raise
         finally:
             self._cancel_flags, self._done_flags = {}, {}
+            with self._beat_lock:
+                self._batch_started = None
         self._last_batch = len(tasks)
         per_task = (time.monotonic() - start) / max(1, i)
         self._task_s = per_task if self._task_s is None else 0.7 * self._task_s + 0.3 * per_task
@@ -208,21 +224,22 @@ class Worker:
     def _flush(self, more: Callable | None = None) -> list:
         """Send the acks of the tasks handled so far (the heartbeat thread calls this too), with the
         commands ``more(pipe)`` queues in the same round trip; returns the replies to those."""
-        with self._beat_lock:
-            acks, self._acks = self._acks, []
-        pipe = self.queue.r.pipeline(transaction=False)
-        self.queue.ack_many(acks, pipe=pipe)
-        skip = len(pipe)
-        if more is not None:
-            more(pipe)
-        try:
-            replies = pipe.execute() if len(pipe) else []
-        except Exception:
+        with self._flush_lock:
             with self._beat_lock:
-                self._acks[:0] = acks  # sent again by the next flush
-            raise
-        self._drop(acks)
-        return replies[skip:]
+                acks, self._acks = self._acks, []
+            pipe = self.queue.r.pipeline(transaction=False)
+            self.queue.ack_many(acks, pipe=pipe)
+            skip = len(pipe)
+            if more is not None:
+                more(pipe)
+            try:
+                replies = pipe.execute() if len(pipe) else []
+            except BaseException:
+                with self._beat_lock:
+                    self._acks[:0] = acks  # sent again by the next flush
+                raise
+            self._drop(acks)
+            return replies[skip:]
 
     def _drop(self, tasks: list[Task]) -> None:
         with self._beat_lock:
@@ -230,9 +247,15 @@ class Worker:
                 self._held.pop(t.id, None)
                 self._lost.discard(t.id)
 
+    def _give_back_unstarted(self) -> None:
+        """Give back the batch's tasks whose handler has not started (claimed ahead, unattempted)."""
+        with self._beat_lock:
+            unstarted, self._unstarted = list(self._unstarted.values()), {}
+        self._give_back(unstarted, attempted=False)
+
     def _give_back(self, tasks: list[Task], *, attempted: bool) -> None:
         for t in tasks:
-            if t.id in self._held:
+            if t.id in self._held and t.id not in self._lost:  # (a lost task is another consumer's now)
                 try:
                     self.queue.release(t, attempted=attempted)
                 except Exception as exc:  # noqa: BLE001 - its lease runs out instead
@@ -304,8 +327,8 @@ class Worker:
         except TaskCancelled:
             self._cancel_flags[task.job_id] = True
             self._ack(task, "cancelled")
-        except TaskReleased:
-            self._give_back([task], attempted=True)
+        except TaskReleased:  # a stop, not a failure: the delivery is given back with the task
+            self._give_back([task], attempted=False)
             self._count("released")
         except Exception as exc:  # noqa: BLE001 - any handler error is recorded against the task
             error = f"{type(exc).__name__}: {exc}"
@@ -352,6 +375,10 @@ class Worker:
             except Exception as exc:  # noqa: BLE001 - the loop sends them at the end of the batch
                 log.warning("ack failed", extra={"error": str(exc)})
             with self._beat_lock:
+                slow = self._batch_started is not None and time.monotonic() - self._batch_started > self.hold_s
+            if slow and self._unstarted:  # a slow handler: its batch's other tasks go to other consumers
+                self._give_back_unstarted()
+            with self._beat_lock:
                 held = list(self._held.values())
             now = time.monotonic()
             beaten = {t.id: beaten.get(t.id, now) for t in held}
@@ -359,6 +386,9 @@ class Worker:
                 if now - beaten[task.id] < self.heartbeat_s:
                     continue
                 beaten[task.id] = now
+                with self._beat_lock:
+                    if task.id not in self._held:  # acked or given back meanwhile: not renewed
+                        continue
                 try:
                     kept = self.queue.heartbeat(task)
                 except Exception as exc:  # noqa: BLE001 - Redis may be restarting; the next beat retries

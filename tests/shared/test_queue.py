@@ -11,7 +11,7 @@ import pytest
 from dfp_shared.jobs import IllegalTransition, JobState, JobStore
 from dfp_shared.queue import LEASE_EXPIRED, TaskQueue
 from dfp_shared.redis_conn import connect
-from dfp_shared.worker import Worker
+from dfp_shared.worker import TaskReleased, Worker
 
 from tests.support.cli import cli_env
 
@@ -209,16 +209,27 @@ def test_a_slow_task_in_a_batch_gives_back_the_tasks_claimed_behind_it(redis_cli
     new_job(redis_client, 100)
     q = TaskQueue(redis_client, "test")
     handled = []
+    given_back_while_running = []
+
+    def others_given_back(task) -> bool:
+        """Every other task this consumer holds is idle past the lease (given back, reclaimable)."""
+        rows = redis_client.xpending_range(q.stream, q.group, min="-", max="+", count=100, consumername="w")
+        return all(r["time_since_delivered"] > q.lease_ms for r in rows if r["message_id"] != task.id)
 
     def handle(task, ctx):
         handled.append((task.key, task.deliveries))
-        if task.key == "t00040":  # 10th of the batch of 16 that starts at t00031
-            time.sleep(0.5)
+        if task.key == "t00040":  # 10th of the batch of 16 that starts at t00031: a slow one
+            deadline = time.monotonic() + 20
+            while not others_given_back(task) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            given_back_while_running.append(others_given_back(task))
 
     worker = Worker(q, jobs, handle, consumer="w", block_ms=100, batch_s=60, max_batch=16)
     worker.hold_s = 0.1
     redis_client.config_resetstat()
     worker.run(idle_exit_s=0.5)
+    # the tasks behind the slow one were free for other consumers while it ran, not after
+    assert given_back_while_running == [True]
     assert redis_client.info("commandstats")["cmdstat_xclaim"]["calls"] == 6  # t00041..t00046 given back
     assert sorted(handled) == [(f"t{i:05d}", 1) for i in range(100)]  # then taken again, with no delivery used
     assert q.pending() == 0 and redis_client.xlen(q.stream) == 0
@@ -304,3 +315,24 @@ def test_job_state_machine_and_progress(redis_client):
     assert states == ["queued", "running", "succeeded"]
     page, total = jobs.list(state="succeeded")
     assert total == 1 and page[0].id == job.id
+
+
+def test_a_task_released_on_every_shutdown_is_never_dead_lettered(redis_client):
+    """Graceful stops (rolling deploys, scale-in) give the task back with its delivery: however many
+    there are, the task is not counted as failing."""
+    job = new_job(redis_client, 1)
+    q = TaskQueue(redis_client, "test", max_deliveries=3)
+    jobs = JobStore(redis_client)
+    seen = []
+
+    def handle(task, ctx):
+        seen.append(task.deliveries)
+        if len(seen) <= 5:  # five shutdowns in a row, each checkpointing and releasing the task
+            raise TaskReleased(task.job_id)
+        jobs.complete_task(task.job_id, task.key)
+
+    for _ in range(6):
+        Worker(q, jobs, handle, consumer="w", block_ms=100).run(max_tasks=1, idle_exit_s=2)
+    assert seen == [1] * 6
+    assert not q.dead_letters() and q.pending() == 0
+    assert jobs.get(job.id).state != JobState.failed and jobs.is_task_done(job.id, "t00000")

@@ -85,13 +85,20 @@ class TrainHandler:
             cmd = [sys.executable, "-m", "torch.distributed.run", *extra,
                    "--nproc-per-node", str(self.settings.nproc_per_node), "-m", "dfp_trainer.run",
                    "--spec", str(spec_path), "--job-id", task.job_id, "--result", str(result_path)]
-            proc = subprocess.Popen(cmd, env=self._child_env())
+            # its own process group: signals reach torchrun only through this worker, which turns a
+            # stop into one SIGTERM (torchrun forwards it to the ranks) and an abort into a group kill
+            proc = subprocess.Popen(cmd, env=self._child_env(), start_new_session=True)
             signalled = False
-            while proc.poll() is None:
-                if (ctx.stopping.is_set() or ctx.cancelled()) and not signalled:
-                    proc.send_signal(signal.SIGTERM)  # torchrun forwards it; ranks checkpoint and exit
-                    signalled = True
-                time.sleep(0.5)
+            try:
+                while proc.poll() is None:
+                    if (ctx.stopping.is_set() or ctx.cancelled()) and not signalled:
+                        proc.send_signal(signal.SIGTERM)  # torchrun forwards it; ranks checkpoint and exit
+                        signalled = True
+                    time.sleep(0.5)
+            except BaseException:  # the worker is aborted: its ranks must not outlive it
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
             if result_path.exists():
                 result = json.loads(result_path.read_text())
                 if "input_error" in result:  # a rank found input it cannot train on

@@ -18,6 +18,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tests.support.servers import RedisServer, S3Server  # noqa: E402
 
 
+def allow_storage(*prefixes: str) -> None:
+    """Let jobs of this test session read and write under ``prefixes`` (the operator's
+    DFLASH_ALLOWED_PREFIXES, read by every service's settings, in this process and its children)."""
+    current = [p for p in os.environ.get("DFLASH_ALLOWED_PREFIXES", "").split(",") if p]
+    os.environ["DFLASH_ALLOWED_PREFIXES"] = ",".join(dict.fromkeys([*current, *prefixes]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def allowed_test_storage(tmp_path_factory, cache_dir):
+    """The tests' temporary directories and the shared test cache (tokenizer) are allowed storage."""
+    allow_storage(f"file://{tmp_path_factory.getbasetemp()}", f"file://{cache_dir}")
+
+
 @pytest.fixture(scope="session")
 def redis_server():
     """One private redis-server for the session (tests use unique key names or flush)."""
@@ -51,8 +64,10 @@ def s3_server():
 
 @pytest.fixture
 def s3_bucket(s3_server):
-    """A fresh bucket on moto's S3 server: returns its ``s3://`` URI."""
-    return s3_server.create_bucket("test-" + uuid.uuid4().hex[:12])
+    """A fresh bucket on moto's S3 server (allowed storage): returns its ``s3://`` URI."""
+    uri = s3_server.create_bucket("test-" + uuid.uuid4().hex[:12])
+    allow_storage(uri)
+    return uri
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,9 @@ class CommonSettings(BaseSettings):
     storage_url: str = Field(
         "file://./dflash-data", description="Root of object storage: file:///dir or s3://bucket/prefix."
     )
+    allowed_prefixes: str = Field(
+        "", description="More storage prefixes jobs may read and write besides storage_url, comma-separated "
+                        "(file:///dir, s3://bucket/prefix); every URI in a job spec must lie inside one of them.")
     s3_endpoint_url: str | None = Field(
         None, description="S3-compatible endpoint URL (MinIO, moto, ...); unset means AWS."
     )

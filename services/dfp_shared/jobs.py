@@ -67,6 +67,8 @@ class JobRecord:
     primary_unit: str = "tasks"
     parent_id: str | None = None
     stage: str | None = None
+    owner: str | None = None
+    """The principal (API key name) that submitted the job; pipeline stages inherit it."""
 
     def progress(self, now: float | None = None) -> dict:
         """Per-unit done/total/fraction, rates per second since start, and the ETA of the primary unit."""
@@ -137,7 +139,7 @@ class JobStore:
 
     def create(self, job_type: str, spec: dict, *, job_id: str | None = None, idempotency_key: str | None = None,
                parent_id: str | None = None, stage: str | None = None, primary_unit: str = "tasks",
-               totals: dict | None = None) -> tuple[JobRecord, bool]:
+               totals: dict | None = None, owner: str | None = None) -> tuple[JobRecord, bool]:
         """Create a queued job. With an idempotency key already used, returns that job and False."""
         job_id = job_id or uuid.uuid4().hex[:16]
         if idempotency_key:
@@ -151,6 +153,7 @@ class JobStore:
             "id": job_id, "type": job_type, "state": JobState.queued.value, "spec": json.dumps(spec),
             "created_at": repr(now), "primary_unit": primary_unit, "outputs": "{}",
             **({"parent_id": parent_id} if parent_id else {}), **({"stage": stage} if stage else {}),
+            **({"owner": owner} if owner else {}),
         })
         if totals:
             pipe.hset(self._key(job_id) + ":totals", mapping={k: float(v) for k, v in totals.items()})
@@ -180,6 +183,7 @@ class JobStore:
             outputs=json.loads(rec.get("outputs") or "{}"),
             counters={k: _num(v) for k, v in counters.items()}, totals={k: _num(v) for k, v in totals.items()},
             primary_unit=rec.get("primary_unit") or "tasks", parent_id=rec.get("parent_id"), stage=rec.get("stage"),
+            owner=rec.get("owner"),
         )
 
     def list(self, *, state: str | None = None, job_type: str | None = None, offset: int = 0,

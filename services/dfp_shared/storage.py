@@ -35,6 +35,11 @@ class NotFound(StorageError, FileNotFoundError):
     """The key (or bucket) does not exist."""
 
 
+class AccessRefused(StorageError):
+    """A job may not touch this storage (outside the operator's roots, a symlink out of a store, another
+    principal's output). Workers fail the job at once instead of retrying: a retry cannot succeed."""
+
+
 def normalize_key(key: str) -> str:
     """Validate a key: relative, no ``..``, no empty parts. Returns it without a leading ``./``."""
     if not isinstance(key, str) or not key:
@@ -71,6 +76,10 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def delete(self, key: str) -> None: ...
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create the object only if no object has that key (atomically); False if one already exists."""
 
     def get_file(self, key: str, dest: str | os.PathLike) -> Path:
         dest = Path(dest)
@@ -120,14 +129,14 @@ class LocalStore(ObjectStore):
     def _path(self, key: str) -> Path:
         path = (self.root / normalize_key(key)).resolve()
         if path != self.root and self.root not in path.parents:
-            raise StorageError(f"invalid key {key!r}: escapes the store root")
+            raise AccessRefused(f"{self.uri}/{key}: leads out of the store (a symlink?); refused")
         return path
 
     def list(self, prefix: str = "", page_size: int = 1000) -> Iterator[str]:
         """Walks only the directory the prefix names up to its last ``/``, one sorted directory at a time.
 
-        Memory grows with the largest directory, not the tree. Symlinked directories are not
-        followed. ``page_size`` is validated as for S3 but a local walk needs no pages.
+        Memory grows with the largest directory, not the tree. Symlinks (to files or directories) are
+        not listed or followed. ``page_size`` is validated as for S3 but a local walk needs no pages.
         """
         _check_page_size(page_size)
         head, _, name_prefix = prefix.rpartition("/")
@@ -150,7 +159,7 @@ class LocalStore(ObjectStore):
         for name, entry in entries:
             if name.endswith("/"):
                 yield from self._walk(entry.path, rel + name)
-            elif entry.is_file():
+            elif entry.is_file(follow_symlinks=False):
                 yield rel + name
 
     def get(self, key: str) -> bytes:
@@ -198,6 +207,20 @@ class LocalStore(ObjectStore):
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.link(tmp, path)  # fails if the key exists: complete content or nothing
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -361,6 +384,23 @@ class S3Store(ObjectStore):
             raise NotFound(f"s3://{self.bucket}: bucket does not exist") from None
         self._bucket_seen = True
 
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        k = self._key(key)
+        try:  # S3 conditional write: 412 PreconditionFailed when the key exists
+            self._call(lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=data, IfNoneMatch="*"),
+                       self.url(key))
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise
+        except StorageError as exc:
+            if "PreconditionFailed" in str(exc) or "ConditionalRequestConflict" in str(exc):
+                return False
+            raise
+
     def delete(self, key: str) -> None:
         self._call(lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)), self.url(key))
 
@@ -384,23 +424,18 @@ def open_store(uri: str, endpoint_url: str | None = None, region: str = "us-east
 
 
 def split_uri(uri: str) -> tuple[str, str]:
-    """Split an object URI into (root URI, key): ``s3://b/a/c.json`` -> (``s3://b``, ``a/c.json``)."""
+    """Split an object URI into (root URI, key): ``s3://b/a/c.json`` -> (``s3://b``, ``a/c.json``).
+
+    Local paths are split as written, never resolved: a symlink stays inside the store that holds it,
+    whose own checks refuse a link that leads out of it.
+    """
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         return f"s3://{parsed.netloc}", normalize_key(parsed.path.lstrip("/"))
-    path = Path(uri[len("file://"):] if uri.startswith("file://") else uri).resolve()
+    path = Path(os.path.abspath(uri[len("file://"):] if uri.startswith("file://") else uri))
     return "file://" + str(path.parent), path.name
 
 
-def check_uri(uri: str, allowed_schemes: tuple[str, ...] = ("file", "s3")) -> str:
-    """Validate a user-given storage URI: allowed scheme, no ``..`` segment. Returns it unchanged."""
-    parsed = urlparse(uri)
-    scheme = parsed.scheme or "file"
-    if scheme not in allowed_schemes:
-        raise StorageError(f"URI scheme {scheme!r} not allowed (allowed: {', '.join(allowed_schemes)})")
-    path = parsed.path if parsed.scheme else uri
-    if any(part == ".." for part in path.split("/")):
-        raise StorageError(f"URI {uri!r} contains a '..' segment")
-    if scheme == "s3" and not parsed.netloc:
-        raise StorageError(f"URI {uri!r} has no bucket")
-    return uri
+def visible(keys: Iterable[str]) -> Iterator[str]:
+    """Keys with no hidden (``.``-prefixed) segment: job inputs never include hidden files or folders."""
+    return (k for k in keys if not any(part.startswith(".") for part in k.split("/")))

@@ -9,12 +9,14 @@ starts the next stage or ends the pipeline.
 from __future__ import annotations
 
 import logging
+import uuid
 
 import redis
 
 from .jobs import IllegalTransition, JobRecord, JobState, JobStore
 from .queue import TaskQueue
 from .specs import PRIMARY_UNIT, SPECS, PipelineSpec
+from .storage_roots import StorageRoots
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +32,33 @@ def validate_spec(job_type: str, spec: dict) -> dict:
     return SPECS[job_type].model_validate(spec).model_dump(mode="json")
 
 
+def with_default_outputs(job_type: str, spec: dict, roots: StorageRoots, job_id: str) -> dict:
+    """``spec`` with every unset ``output`` set to a prefix of the job's own under the storage root."""
+    if job_type == "pipeline":
+        return {**spec, **{stage: with_default_outputs(stage, dict(spec.get(stage) or {}), roots, f"{job_id}/{stage}")
+                           for stage in PipelineSpec.STAGES}}
+    if spec.get("output") is None:
+        spec = {**spec, "output": roots.job_prefix(job_id)}
+    return spec
+
+
 def submit_job(r: redis.Redis, job_type: str, spec: dict, *, idempotency_key: str | None = None,
-               parent_id: str | None = None, stage: str | None = None) -> tuple[JobRecord, bool]:
+               parent_id: str | None = None, stage: str | None = None, owner: str | None = None,
+               roots: StorageRoots | None = None) -> tuple[JobRecord, bool]:
     """Create a job and queue its plan task. Returns (job, created); an idempotency key already used
-    returns the existing job and False."""
+    returns the existing job and False.
+
+    With ``roots`` (the API's), every storage URI of the spec must lie inside them (raises
+    :class:`~dfp_shared.storage_roots.OutsideRoots`), and an unset ``output`` becomes a per-job prefix.
+    """
     spec = validate_spec(job_type, spec)
+    job_id = uuid.uuid4().hex[:16]
+    if roots is not None:
+        spec = with_default_outputs(job_type, spec, roots, job_id)
+        roots.check_spec(job_type, spec)
     jobs = JobStore(r)
-    job, created = jobs.create(job_type, spec, idempotency_key=idempotency_key, parent_id=parent_id, stage=stage,
-                               primary_unit=PRIMARY_UNIT.get(job_type, "tasks"))
+    job, created = jobs.create(job_type, spec, job_id=job_id, idempotency_key=idempotency_key, parent_id=parent_id,
+                               stage=stage, primary_unit=PRIMARY_UNIT.get(job_type, "tasks"), owner=owner)
     if not created:
         return job, False
     if job_type == "pipeline":
@@ -52,7 +73,7 @@ def submit_job(r: redis.Redis, job_type: str, spec: dict, *, idempotency_key: st
 def _start_stage(r: redis.Redis, pipeline: JobRecord, stage: str, stage_spec: dict) -> JobRecord:
     jobs = JobStore(r)
     child, _ = submit_job(r, stage, stage_spec, idempotency_key=f"pipeline:{pipeline.id}:{stage}",
-                          parent_id=pipeline.id, stage=stage)
+                          parent_id=pipeline.id, stage=stage, owner=pipeline.owner)
     jobs.set_outputs(pipeline.id, **{f"{stage}_job": child.id})
     jobs.emit(pipeline.id, "stage", {"stage": stage, "job_id": child.id})
     log.info("pipeline stage started", extra={"job_id": pipeline.id, "stage": stage, "stage_job": child.id})

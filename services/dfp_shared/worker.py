@@ -32,6 +32,7 @@ from prometheus_client import Counter, Histogram
 
 from .jobs import JobNotFound, JobState, JobStore
 from .queue import LEASE_EXPIRED, Task, TaskQueue, default_consumer_name
+from .storage import AccessRefused
 from .submit import finish_job
 
 log = logging.getLogger(__name__)
@@ -330,6 +331,11 @@ class Worker:
         except TaskReleased:  # a stop, not a failure: the delivery is given back with the task
             self._give_back([task], attempted=False)
             self._count("released")
+        except AccessRefused as exc:  # storage the job may not touch: a retry cannot succeed
+            log.error("task refused", extra={"kind": self.queue.kind, "task": task.id, "job_id": task.job_id,
+                                             "key": task.key, "error": str(exc)})
+            self._fail_job(task, f"refused: {exc}")
+            self._ack(task, "refused")
         except Exception as exc:  # noqa: BLE001 - any handler error is recorded against the task
             error = f"{type(exc).__name__}: {exc}"
             log.error("task failed", extra={"kind": self.queue.kind, "task": task.id, "job_id": task.job_id,

@@ -13,10 +13,10 @@ from dfp_shared.storage import (
     NotFound,
     S3Store,
     StorageError,
-    check_uri,
     open_store,
     split_uri,
 )
+from dfp_shared.storage_roots import canonical_uri
 
 MiB = 1024 * 1024
 
@@ -259,9 +259,9 @@ def test_log_redaction():
 
 def test_uri_helpers():
     assert split_uri("s3://b/a/c.json") == ("s3://b", "a/c.json")
-    assert check_uri("s3://bucket/prefix") == "s3://bucket/prefix"
-    for bad in ("http://x/y", "s3://b/../c", "file:///a/../b", "s3:///nobucket"):
+    assert canonical_uri("s3://bucket/prefix") == "s3://bucket/prefix"
+    for bad in ("http://x/y", "s3://bucket/../c", "file:///a/../b", "s3:///nobucket"):
         with pytest.raises(StorageError):
-            check_uri(bad)
+            canonical_uri(bad)
     with pytest.raises(StorageError, match="scheme"):
         open_store("gs://bucket")

@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel
 
-from ..storage import StorageError, check_uri
+from ..storage_roots import OutsideRoots, canonical_uri
 
 
 def _uri(value: str) -> str:
     try:
-        return check_uri(value)
-    except StorageError as exc:
+        canonical_uri(value)
+    except OutsideRoots as exc:
         raise ValueError(str(exc)) from None
+    return value
 
 
 StorageUri = Annotated[str, AfterValidator(_uri)]
-"""A ``file://`` or ``s3://`` URI (or a bare local path) without ``..`` segments."""
+"""A canonical ``s3://bucket/key`` or ``file:///path`` URI, or an absolute local path (see
+:func:`dfp_shared.storage_roots.canonical_uri`); whether it lies inside the operator's roots is
+checked by the API and by every worker."""
+
+
+def _is_storage_uri(annotation, metadata=()) -> bool:
+    if any(getattr(m, "func", None) is _uri for m in metadata):
+        return True
+    if typing.get_origin(annotation) is Annotated:
+        return _is_storage_uri(None, annotation.__metadata__)
+    return any(_is_storage_uri(arg) for arg in typing.get_args(annotation))
+
+
+def storage_fields(model: type[BaseModel]) -> list[str]:
+    """Names of the model's fields that hold storage URIs."""
+    return [name for name, info in model.model_fields.items() if _is_storage_uri(info.annotation, info.metadata)]

@@ -13,7 +13,9 @@ class GenerateSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompts: StorageUri = Field(description="Prompt set: a JSONL file or a prefix of JSONL files.")
-    output: StorageUri = Field(description="Prefix the completion shards are written under.")
+    output: StorageUri | None = Field(
+        None, description="Prefix the completion shards are written under; unset: a prefix of the job's own under the storage "
+                          "root (<root>/jobs/<job id>/). It must be new or created by the same principal.")
     model: StorageUri | None = Field(
         None, description="Target model directory (local or object storage); required by the transformers engine.")
 

@@ -19,7 +19,9 @@ class TokenizeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input: StorageUri = Field(description="Prefix of completion JSONL files (.jsonl or .jsonl.gz), or one such file.")
-    output: StorageUri = Field(description="Dataset prefix: shards, manifest, stats and errors go here.")
+    output: StorageUri | None = Field(
+        None, description="Dataset prefix: shards, manifest, stats and errors go here; unset: a prefix of the job's own under the storage "
+                          "root (<root>/jobs/<job id>/). It must be new or created by the same principal.")
     tokenizer: StorageUri = Field(description="Hugging Face tokenizer directory (local or object storage).")
     thinking: bool = Field(
         True, description="Render in thinking mode (enable_thinking=true); false drops reasoning from assistant turns "

@@ -17,7 +17,9 @@ class TrainSpec(BaseModel):
 
     dataset: StorageUri = Field(description="Tokenized dataset prefix (with its manifest).")
     target: StorageUri = Field(description="Target model directory (local or object storage).")
-    output: StorageUri = Field(description="Prefix for checkpoints, the drafter export and the eval report.")
+    output: StorageUri | None = Field(
+        None, description="Prefix for checkpoints, the drafter export and the eval report; unset: a prefix of the job's own under the storage "
+                          "root (<root>/jobs/<job id>/). It must be new or created by the same principal.")
 
     steps: int | None = Field(None, ge=1, description="Optimiser steps to train; unset: `epochs` passes over the data.")
     epochs: float = Field(3.0, gt=0, description="Passes over the dataset when `steps` is unset.")

@@ -223,7 +223,7 @@ class TargetClient:
             segment = None
             if pool is not None:
                 segment = pool.acquire(sum(lengths) * len(layer_ids) * info.hidden_size * itemsize)
-                request.shm.name, request.shm.size = segment.name, segment.size
+                request.shm.name, request.shm.size, request.shm.token = segment.name, segment.size, segment.token
             target, stub = self._next_stub()
             self.stats["calls"] += 1
             try:

@@ -90,13 +90,14 @@ class TargetServer:
         self._active = 0
         self._active_cond = threading.Condition()
         self._sweeper: threading.Thread | None = None
-        self.segments = shm_transport.SegmentCache(settings.shm_dir) if settings.shm_dir else None
+        self.segments: shm_transport.SegmentCache | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> TargetServer:
-        if self.settings.shm_dir:
-            shm_transport.sweep(self.settings.shm_dir)
+        if self.settings.shm_dir:  # creates (mode 0700) and checks the private segment directory
+            self.segments = shm_transport.SegmentCache(self.settings.shm_dir)
+            self.segments.sweep()
             self._sweeper = threading.Thread(target=self._sweep_loop, name="shm-sweeper", daemon=True)
             self._sweeper.start()
         self.server.start()
@@ -132,9 +133,9 @@ class TargetServer:
 
     def _sweep(self) -> None:
         try:
-            shm_transport.sweep(self.settings.shm_dir)
+            self.segments.sweep()
             self.segments.prune()
-        except OSError:
+        except (OSError, shm_transport.ShmError):
             log.exception("shared-memory sweep failed")
 
     # ------------------------------------------------------------------ RPCs
@@ -167,10 +168,12 @@ class TargetServer:
         if request.HasField("shm"):
             if not self.settings.shm_dir:
                 raise InvalidInput("shared memory is disabled on this target")
-            need = sum(len(s) for s in sequences) * len(layers) * self.info.hidden_size * self.itemsize
+            need = (sum(len(s) for s in sequences) * len(layers) * self.info.hidden_size * self.itemsize
+                    + shm_transport.HEADER_BYTES)
             if request.shm.size < need:
-                raise InvalidInput(f"shared-memory segment of {request.shm.size} bytes cannot hold {need} bytes")
-            segment = self.segments.open(request.shm.name, need)
+                raise InvalidInput(f"shared-memory segment of {request.shm.size} bytes cannot hold {need} bytes "
+                                   f"(its {shm_transport.HEADER_BYTES}-byte header and the tensors)")
+            segment = self.segments.open(request.shm.name, need, request.shm.token)
         return sequences, layers, segment
 
     def hidden_states(self, request: pb.HiddenStatesRequest, context):
@@ -199,7 +202,7 @@ class TargetServer:
                 threading.Thread(target=self._sweep, daemon=True).start()
 
         context.add_callback(finished)
-        offset = 0
+        offset = shm_transport.HEADER_BYTES  # tensors follow the segment's header
         for index, fut in enumerate(futures):
             try:
                 states = self._wait(fut, context)

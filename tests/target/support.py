@@ -100,4 +100,9 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool
 
 
 def shm_files(directory: Path) -> list[str]:
-    return sorted(n for n in os.listdir(directory) if n.startswith("dfp-hs") or n.startswith(".dfp-hs"))
+    """Segment and lock files in the private segment directory under ``directory``."""
+    from dfp_shared.shm_transport import segment_dir
+
+    private = segment_dir(directory)
+    names = os.listdir(private) if private.is_dir() else []
+    return sorted(n for n in names if n.startswith("dfp-hs") or n.startswith(".dfp-hs"))

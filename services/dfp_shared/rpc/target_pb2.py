@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x66p_shared/rpc/target.proto\x12\x19\x64\x66lash_pipeline.target.v1\"\x12\n\x10ModelInfoRequest\"\x88\x02\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x12\n\nnum_layers\x18\x03 \x01(\x05\x12\x13\n\x0bhidden_size\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x11\n\tlayer_ids\x18\x07 \x03(\x05\x12\x1e\n\x16max_tokens_per_request\x18\x08 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\t \x01(\t\x12\x1b\n\x13max_sequence_length\x18\n \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x0b \x01(\x05\"\'\n\tShmTarget\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\"\xc2\x01\n\x13HiddenStatesRequest\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x13\n\x0btoken_dtype\x18\x02 \x01(\t\x12\x0f\n\x07lengths\x18\x03 \x03(\x05\x12\x11\n\tlayer_ids\x18\x04 \x03(\x05\x12\x18\n\x10sequence_numbers\x18\x05 \x03(\x05\x12\x31\n\x03shm\x18\x06 \x01(\x0b\x32$.dflash_pipeline.target.v1.ShmTarget\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"\xa8\x01\n\x11HiddenStatesChunk\x12\x10\n\x08sequence\x18\x01 \x01(\x05\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12\x12\n\nshm_offset\x18\x07 \x01(\x03\x12\x0e\n\x06in_shm\x18\x08 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\x32\xe2\x01\n\rTargetService\x12\x61\n\x0cGetModelInfo\x12+.dflash_pipeline.target.v1.ModelInfoRequest\x1a$.dflash_pipeline.target.v1.ModelInfo\x12n\n\x0cHiddenStates\x12..dflash_pipeline.target.v1.HiddenStatesRequest\x1a,.dflash_pipeline.target.v1.HiddenStatesChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x66p_shared/rpc/target.proto\x12\x19\x64\x66lash_pipeline.target.v1\"\x12\n\x10ModelInfoRequest\"\x88\x02\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x12\n\nnum_layers\x18\x03 \x01(\x05\x12\x13\n\x0bhidden_size\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x11\n\tlayer_ids\x18\x07 \x03(\x05\x12\x1e\n\x16max_tokens_per_request\x18\x08 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\t \x01(\t\x12\x1b\n\x13max_sequence_length\x18\n \x01(\x05\x12\x19\n\x11max_message_bytes\x18\x0b \x01(\x05\"6\n\tShmTarget\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\x0c\"\xc2\x01\n\x13HiddenStatesRequest\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x13\n\x0btoken_dtype\x18\x02 \x01(\t\x12\x0f\n\x07lengths\x18\x03 \x03(\x05\x12\x11\n\tlayer_ids\x18\x04 \x03(\x05\x12\x18\n\x10sequence_numbers\x18\x05 \x03(\x05\x12\x31\n\x03shm\x18\x06 \x01(\x0b\x32$.dflash_pipeline.target.v1.ShmTarget\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"\xa8\x01\n\x11HiddenStatesChunk\x12\x10\n\x08sequence\x18\x01 \x01(\x05\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12\x12\n\nshm_offset\x18\x07 \x01(\x03\x12\x0e\n\x06in_shm\x18\x08 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\x32\xe2\x01\n\rTargetService\x12\x61\n\x0cGetModelInfo\x12+.dflash_pipeline.target.v1.ModelInfoRequest\x1a$.dflash_pipeline.target.v1.ModelInfo\x12n\n\x0cHiddenStates\x12..dflash_pipeline.target.v1.HiddenStatesRequest\x1a,.dflash_pipeline.target.v1.HiddenStatesChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,11 +36,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELINFO']._serialized_start=79
   _globals['_MODELINFO']._serialized_end=343
   _globals['_SHMTARGET']._serialized_start=345
-  _globals['_SHMTARGET']._serialized_end=384
-  _globals['_HIDDENSTATESREQUEST']._serialized_start=387
-  _globals['_HIDDENSTATESREQUEST']._serialized_end=581
-  _globals['_HIDDENSTATESCHUNK']._serialized_start=584
-  _globals['_HIDDENSTATESCHUNK']._serialized_end=752
-  _globals['_TARGETSERVICE']._serialized_start=755
-  _globals['_TARGETSERVICE']._serialized_end=981
+  _globals['_SHMTARGET']._serialized_end=399
+  _globals['_HIDDENSTATESREQUEST']._serialized_start=402
+  _globals['_HIDDENSTATESREQUEST']._serialized_end=596
+  _globals['_HIDDENSTATESCHUNK']._serialized_start=599
+  _globals['_HIDDENSTATESCHUNK']._serialized_end=767
+  _globals['_TARGETSERVICE']._serialized_start=770
+  _globals['_TARGETSERVICE']._serialized_end=996
 # @@protoc_insertion_point(module_scope)

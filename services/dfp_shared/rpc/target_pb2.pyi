@@ -37,12 +37,14 @@ class ModelInfo(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., dtype: _Optional[str] = ..., layer_ids: _Optional[_Iterable[int]] = ..., max_tokens_per_request: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_sequence_length: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
 
 class ShmTarget(_message.Message):
-    __slots__ = ("name", "size")
+    __slots__ = ("name", "size", "token")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+    token: bytes
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
 
 class HiddenStatesRequest(_message.Message):
     __slots__ = ("token_ids", "token_dtype", "lengths", "layer_ids", "sequence_numbers", "shm", "request_id")

@@ -2,19 +2,24 @@
 
 Layout under the checkpoint prefix::
 
-    step-00000040/model.safetensors   trainable drafter weights (no frozen target embeddings/head)
-    step-00000040/trainer.pt          optimiser, scheduler, sampler, RNG states, step, run info
-    latest.json                       {"step": 40, "dir": "step-00000040", "files": {name: sha256}}
+    step-00000040/model.safetensors    trainable drafter weights (no frozen target embeddings/head)
+    step-00000040/trainer.json         optimiser, scheduler, sampler, RNG states, step, run info (JSON)
+    step-00000040/trainer.safetensors  the tensors trainer.json names (optimiser moments, RNG states)
+    latest.json                        {"step": 40, "dir": "step-00000040", "files": {name: sha256}}
 
 All files of a checkpoint are written first; ``latest.json`` is written last and names them with
 their checksums, so a crash mid-save leaves the previous checkpoint as the latest. Older step
 directories beyond ``keep`` are deleted after the pointer moved.
+
+Nothing is unpickled on loading (see :mod:`.state_codec`): whoever can write the prefix can write
+the checksums too, so they guard against torn writes, not against planted files. ``latest.json``
+must name exactly the files above in the directory of its step; a checkpoint of the earlier
+format (a pickled ``trainer.pt``) is refused, never read.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import random
@@ -26,14 +31,20 @@ from dfp_shared.storage import NotFound, ObjectStore
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from .state_codec import StateFormatError, decode, encode
+
 log = logging.getLogger(__name__)
 
 LATEST = "latest.json"
+FILES = ("model.safetensors", "trainer.json", "trainer.safetensors")
+LEGACY_STATE = "trainer.pt"  # pickled trainer state of the earlier format: refused
 _STEP_DIR = re.compile(r"^step-(\d{8})/")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing a file or its checksum does not match ``latest.json``."""
+    """A checkpoint is missing a file, a checksum does not match ``latest.json``, or a file is not
+    what the format says (the message names the file and the reason)."""
 
 
 def rng_state() -> dict:
@@ -84,17 +95,22 @@ class CheckpointManager:
     def latest(self) -> dict | None:
         """The ``latest.json`` pointer, or None when no checkpoint exists."""
         try:
-            return json.loads(self.store.get(LATEST))
+            data = self.store.get(LATEST)
         except NotFound:
             return None
+        try:
+            return json.loads(data)
+        except RecursionError:
+            raise CheckpointError(f"{self.store.url(LATEST)}: nested too deep") from None
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            raise CheckpointError(f"{self.store.url(LATEST)}: not valid JSON ({exc})") from None
 
     def save(self, step: int, model: torch.nn.Module, trainer_state: dict) -> str:
         """Write one checkpoint, then move ``latest.json`` to it, then prune. Returns its directory URI."""
         name = f"step-{step:08d}"
         weights = st_save({k: v.cpu() for k, v in trainable_state(model).items()}, metadata={"step": str(step)})
-        buf = io.BytesIO()
-        torch.save({**trainer_state, "step": step}, buf)
-        files = {"model.safetensors": weights, "trainer.pt": buf.getvalue()}
+        skeleton, tensors = encode({**trainer_state, "step": step})
+        files = {"model.safetensors": weights, "trainer.json": skeleton, "trainer.safetensors": tensors}
         self.store.put_many([(f"{name}/{fname}", data) for fname, data in files.items()])
         pointer = {"step": step, "dir": name, "files": {f: hashlib.sha256(d).hexdigest() for f, d in files.items()}}
         self.store.put(LATEST, json.dumps(pointer, indent=1).encode())
@@ -104,12 +120,12 @@ class CheckpointManager:
 
     def load(self, model: torch.nn.Module, pointer: dict | None = None) -> dict:
         """Load the latest (or given) checkpoint's weights into ``model``; returns the trainer state."""
-        pointer = pointer or self.latest()
+        pointer = pointer if pointer is not None else self.latest()
         if pointer is None:
             raise CheckpointError(f"no checkpoint under {self.store.uri}")
-        name = pointer["dir"]
+        name, files = self._check_pointer(pointer)
         blobs = {}
-        for fname, digest in pointer["files"].items():
+        for fname, digest in files.items():
             try:
                 data = self.store.get(f"{name}/{fname}")
             except NotFound:
@@ -129,9 +145,34 @@ class CheckpointManager:
             params.update(dict(model.named_buffers()))
             for k, v in weights.items():
                 params[k].copy_(v)
-        state = torch.load(io.BytesIO(blobs["trainer.pt"]), map_location="cpu", weights_only=False)
+        try:
+            state = decode(blobs["trainer.json"], blobs["trainer.safetensors"])
+        except StateFormatError as exc:
+            raise CheckpointError(f"{self.store.url(name)}/{exc}") from None
         log.info("checkpoint loaded", extra={"step": state.get("step"), "checkpoint": self.store.url(name)})
         return state
+
+    def _check_pointer(self, pointer) -> tuple[str, dict[str, str]]:
+        """The step directory and ``{file: sha256}`` of a pointer that names exactly this format's files."""
+        where = self.store.url(LATEST)
+        if not isinstance(pointer, dict):
+            raise CheckpointError(f"{where}: must be an object with step, dir and files")
+        step, name, files = pointer.get("step"), pointer.get("dir"), pointer.get("files")
+        if type(step) is not int or not 0 <= step <= 99_999_999:
+            raise CheckpointError(f"{where}: step must be an integer 0..99999999 (got {step!r})")
+        if name != f"step-{step:08d}":
+            raise CheckpointError(f"{where}: dir must be 'step-{step:08d}' for step {step} (got {name!r})")
+        if not isinstance(files, dict):
+            raise CheckpointError(f"{where}: files must map file names to sha256 digests")
+        if LEGACY_STATE in files:
+            raise CheckpointError(
+                f"{self.store.url(name + '/' + LEGACY_STATE)}: checkpoint in the old pickled format (trainer.pt); it is "
+                f"not loaded, since unpickling can run code. Start over: remove {self.store.uri}, use a new output "
+                "prefix, or train without resume")
+        if set(files) != set(FILES) or not all(isinstance(d, str) and _SHA256.match(d) for d in files.values()):
+            raise CheckpointError(f"{where}: files must name exactly {list(FILES)} with their sha256 digests "
+                                  f"(got {sorted(map(str, files))[:5]})")
+        return name, files
 
     def steps(self) -> list[int]:
         return sorted({int(m.group(1)) for k in self.store.list("step-") if (m := _STEP_DIR.match(k))})

@@ -22,7 +22,7 @@ import torch
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage import open_store
 
-from .checkpoint import CheckpointManager, rng_state, set_rng_state
+from .checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
 from .data import (
     BatchSampler,
     collate,
@@ -257,14 +257,20 @@ def _train(spec: TrainSpec, opts: RunOptions, info: DistInfo, hooks: Hooks, s: S
     ckpts = CheckpointManager(open_store(output_uri(spec, "checkpoints"), endpoint_url=opts.endpoint_url),
                               keep=spec.keep_checkpoints)
     step, history = 0, []
-    pointer = ckpts.latest() if opts.resume else None
+    try:
+        pointer = ckpts.latest() if opts.resume else None
+    except CheckpointError as exc:
+        raise TrainError(str(exc)) from None
     if pointer is not None:
-        state = ckpts.load(unwrap(model), pointer)
-        optim.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        step, history = int(state["step"]), list(state.get("history", []))
+        try:
+            state = ckpts.load(unwrap(model), pointer)
+            optim.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            sampler.load_state_dict(state["sampler"])
+            set_rng_state(state["rng"])
+            step, history = int(state["step"]), list(state.get("history", []))
+        except (CheckpointError, KeyError, TypeError, ValueError) as exc:  # a checkpoint this run cannot resume from
+            raise TrainError(f"checkpoint under {output_uri(spec, 'checkpoints/')}: {exc}") from None
         log.info("resumed", extra={"step": step, "total_steps": total})
 
     def items():

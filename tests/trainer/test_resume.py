@@ -41,7 +41,7 @@ def test_checkpoints_keep_last_k_and_pointer_names_verified_files(tmp_path):
     # a crash while writing step 20 leaves files but no pointer: 15 stays the latest
     store.put("step-00000020/model.safetensors", b"partial")
     assert mgr.latest()["step"] == 15
-    store.put("step-00000015/trainer.pt", b"corrupted")
+    store.put("step-00000015/trainer.safetensors", b"corrupted")
     with pytest.raises(CheckpointError, match="checksum"):
         mgr.load(fresh)
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ._common import StorageUri
+from ._names import endpoint_name, refuse_removed
+
+OpenAIEndpointName = endpoint_name("OpenAI-compatible endpoint")
 
 
 class GenerateSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     prompts: StorageUri = Field(description="Prompt set: a JSONL file or a prefix of JSONL files.")
     output: StorageUri | None = Field(
@@ -23,7 +26,8 @@ class GenerateSpec(BaseModel):
     temperature: float = Field(0.6, ge=0.0, le=5.0, description="Sampling temperature; 0 = greedy decoding.")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling probability mass.")
     max_new_tokens: int = Field(2048, ge=1, le=1_000_000, description="Most tokens generated per completion (reasoning included).")
-    seed: int = Field(0, ge=0, description="Base seed; each (prompt, sample) derives its own seed from it.")
+    seed: int = Field(0, ge=0, lt=1 << 63,
+                      description="Base seed (0..2^63-1); each (prompt, sample) derives its own seed from it.")
     thinking: bool = Field(True, description="Generate in the chat template's thinking mode (enable_thinking).")
     samples_per_prompt: int = Field(1, ge=1, le=1024, description="Completions generated per prompt.")
 
@@ -33,19 +37,25 @@ class GenerateSpec(BaseModel):
     # engine
     engine: Literal["transformers", "openai"] = Field(
         "transformers", description="transformers: model in the worker process; openai: an OpenAI-compatible server.")
-    openai_base_url: str | None = Field(
-        None, description="Base URL of the OpenAI-compatible API (e.g. http://127.0.0.1:8000/v1); "
-                          "unset: the worker's DFLASH_OPENAI_BASE_URL.")
+    openai_endpoint: OpenAIEndpointName | None = Field(
+        None, description="Name of an OpenAI-compatible endpoint the operator configured on the generation workers "
+                          "(DFLASH_OPENAI_ENDPOINTS; `default` is DFLASH_OPENAI_BASE_URL); unset: `default`. A name, "
+                          "never a URL: the workers' credentials go only to configured endpoints.")
     openai_model: str | None = Field(
-        None, description="Model name sent to the OpenAI-compatible server; unset: the worker's DFLASH_OPENAI_MODEL.")
+        None, min_length=1, max_length=256, description="Model name sent to the OpenAI-compatible server; unset: the worker's DFLASH_OPENAI_MODEL.")
     concurrency: int = Field(64, ge=1, le=4096, description="Requests in flight per worker (openai engine).")
-    request_timeout_s: float = Field(600.0, gt=0, description="Timeout of one HTTP request, seconds (openai engine).")
+    request_timeout_s: float = Field(
+        600.0, gt=0, le=86400, description="Timeout of one HTTP request, seconds, at most a day (openai engine).")
     max_retries: int = Field(6, ge=0, le=100, description="Retries of a request after 429 / 5xx / timeouts (openai engine).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_free_url(cls, data: Any) -> Any:
+        return refuse_removed(data, "openai_base_url", "openai_endpoint",
+                              "the workers send their credentials only to endpoints the operator configured")
 
     @model_validator(mode="after")
     def _engine_needs(self) -> GenerateSpec:
         if self.engine == "transformers" and not self.model:
             raise ValueError("model: required when engine is 'transformers' (the target model directory)")
-        if self.openai_base_url is not None and not self.openai_base_url.startswith(("http://", "https://")):
-            raise ValueError(f"openai_base_url: must start with http:// or https:// (got {self.openai_base_url!r})")
         return self

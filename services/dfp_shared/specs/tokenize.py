@@ -16,7 +16,7 @@ from ._common import StorageUri
 
 
 class TokenizeSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     input: StorageUri = Field(description="Prefix of completion JSONL files (.jsonl or .jsonl.gz), or one such file.")
     output: StorageUri | None = Field(
@@ -31,7 +31,8 @@ class TokenizeSpec(BaseModel):
     train_turns: Literal["all", "last"] = Field(
         "all", description="Train every assistant turn, or only the last one of each conversation.")
     max_length: int | None = Field(
-        None, ge=8, description="Longest sample in tokens (after the chat template); None = no limit.")
+        None, ge=8, le=1 << 20,
+        description="Longest sample in tokens (after the chat template), 8..2^20; None = no limit.")
     truncation: Literal["drop", "truncate"] = Field(
         "drop", description="Sample over max_length: drop it (reported as too_long in the errors file) or keep its "
                             "first max_length tokens (dropped if no trained token is left).")

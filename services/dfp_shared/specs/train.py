@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -10,10 +10,17 @@ from ..tokenizer_assets import MASK_TOKEN
 from ._common import StorageUri
 
 LayerType = Literal["full_attention", "sliding_attention"]
+LayerId = Annotated[int, Field(ge=0, le=1023)]
+
+# Bounds: far beyond any real run, near enough that no value can make a worker allocate, loop or
+# overflow without end. MAX_STEPS keeps checkpoint directories at eight digits (step-NNNNNNNN).
+MAX_STEPS = 99_999_999
+MAX_LAYERS = 64
+MAX_SEQ_TOKENS = 1 << 20
 
 
 class TrainSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     dataset: StorageUri = Field(description="Tokenized dataset prefix (with its manifest).")
     target: StorageUri = Field(description="Target model directory (local or object storage).")
@@ -21,39 +28,47 @@ class TrainSpec(BaseModel):
         None, description="Prefix for checkpoints, the drafter export and the eval report; unset: a prefix of the job's own under the storage "
                           "root (<root>/jobs/<job id>/). It must be new or created by the same principal.")
 
-    steps: int | None = Field(None, ge=1, description="Optimiser steps to train; unset: `epochs` passes over the data.")
-    epochs: float = Field(3.0, gt=0, description="Passes over the dataset when `steps` is unset.")
-    tokens_per_batch: int = Field(16384, ge=16, description="Padded tokens per optimiser step, all ranks together.")
-    max_length: int = Field(3072, ge=8, description="Samples longer than this many tokens are cut to it.")
-    grad_accum: int = Field(1, ge=1, description="Micro-batches per rank per optimiser step.")
-    lr: float = Field(6e-4, gt=0, description="Peak learning rate (AdamW).")
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS,
+                              description="Optimiser steps to train (1..99999999); unset: `epochs` passes over the data.")
+    epochs: float = Field(3.0, gt=0, le=1000, description="Passes over the dataset when `steps` is unset (at most 1000).")
+    tokens_per_batch: int = Field(16384, ge=16, le=1 << 24,
+                                  description="Padded tokens per optimiser step, all ranks together (16..2^24).")
+    max_length: int = Field(3072, ge=8, le=MAX_SEQ_TOKENS,
+                            description="Samples longer than this many tokens are cut to it (8..2^20).")
+    grad_accum: int = Field(1, ge=1, le=1024, description="Micro-batches per rank per optimiser step (1..1024).")
+    lr: float = Field(6e-4, gt=0, le=10, description="Peak learning rate (AdamW), at most 10.")
     warmup_ratio: float = Field(0.04, ge=0, lt=1, description="Share of the steps with linear learning-rate warmup.")
     decay: Literal["cosine", "linear", "constant"] = Field("cosine", description="Learning-rate decay after warmup.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final learning rate as a share of the peak.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
-    seed: int = Field(0, description="Seed of initialisation, shuffling, anchor sampling and noise.")
-    num_draft_layers: int = Field(5, ge=1, description="Draft decoder layers (one target layer feeds each).")
-    block_size: int = Field(16, ge=2, description="Tokens per draft block (anchor + block_size-1 masks).")
+    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay (0..10).")
+    grad_clip: float = Field(1.0, gt=0, le=1e6, description="Global gradient-norm clip (at most 10^6).")
+    seed: int = Field(0, ge=0, lt=1 << 63,
+                      description="Seed of initialisation, shuffling, anchor sampling and noise (0..2^63-1).")
+    num_draft_layers: int = Field(5, ge=1, le=MAX_LAYERS,
+                                  description="Draft decoder layers (one target layer feeds each), 1..64.")
+    block_size: int = Field(16, ge=2, le=64, description="Tokens per draft block (anchor + block_size-1 masks), 2..64.")
     layer_types: list[LayerType] | None = Field(
-        None, description="Attention of each draft layer, one entry per layer (`full_attention` or "
+        None, max_length=MAX_LAYERS, description="Attention of each draft layer, one entry per layer (`full_attention` or "
                           "`sliding_attention`); unset: all full attention.")
     sliding_window: int | None = Field(
-        None, ge=1, validate_default=True,
-        description="Window in tokens of the `sliding_attention` layers (required when there is one).")
-    mask_token: str = Field(MASK_TOKEN, min_length=1, description="Token filling block positions 1..B-1; the "
+        None, ge=1, le=MAX_SEQ_TOKENS, validate_default=True,
+        description="Window in tokens of the `sliding_attention` layers, 1..2^20 (required when there is one).")
+    mask_token: str = Field(MASK_TOKEN, min_length=1, max_length=128, description="Token filling block positions 1..B-1; the "
                                                                   "target's tokenizer must have it.")
-    target_layer_ids: list[int] | None = Field(None, description="Target layers read; unset: spread over 1..L-3.")
-    max_anchors: int = Field(512, ge=1, description="Anchor positions sampled per sequence per step.")
-    gamma: float = Field(7.0, gt=0, description="Decay of the loss weight over block positions, exp(-(k-1)/gamma).")
-    noise_std: float = Field(0.0, ge=0, description="Std of Gaussian noise added to target features in training.")
-    checkpoint_every: int = Field(500, ge=1, description="Steps between checkpoints (one is also written at SIGTERM).")
-    keep_checkpoints: int = Field(3, ge=1, description="Most recent checkpoints kept.")
+    target_layer_ids: list[LayerId] | None = Field(
+        None, min_length=1, max_length=MAX_LAYERS,
+        description="Target layers read (1..64 indexes, each 0..1023, and below the target's layer count); unset: "
+                    "spread over 1..L-3.")
+    max_anchors: int = Field(512, ge=1, le=1 << 16, description="Anchor positions sampled per sequence per step (1..65536).")
+    gamma: float = Field(7.0, gt=0, le=1e6, description="Decay of the loss weight over block positions, exp(-(k-1)/gamma).")
+    noise_std: float = Field(0.0, ge=0, le=100, description="Std of Gaussian noise added to target features in training (0..100).")
+    checkpoint_every: int = Field(500, ge=1, le=MAX_STEPS, description="Steps between checkpoints (one is also written at SIGTERM).")
+    keep_checkpoints: int = Field(3, ge=1, le=1000, description="Most recent checkpoints kept (1..1000).")
     target_url: str | None = Field(None, description="Hidden-state source override: `inprocess` or gRPC address(es).")
-    eval_prompts: int = Field(8, ge=0, description="Held-out samples (not trained on): their prompts measure acceptance "
+    eval_prompts: int = Field(8, ge=0, le=100_000, description="Held-out samples (not trained on): their prompts measure acceptance "
                                                    "length τ, and the samples held-out loss and accuracy, trained vs "
-                                                   "untrained drafter (0: skip).")
-    eval_max_new_tokens: int = Field(64, ge=1, description="Tokens generated per evaluation prompt.")
+                                                   "untrained drafter (0: skip; at most 100000).")
+    eval_max_new_tokens: int = Field(64, ge=1, le=1 << 16, description="Tokens generated per evaluation prompt (1..65536).")
     enable_thinking: bool = Field(True, description="Thinking mode the drafter serves in; must match the mode the "
                                                     "dataset was tokenized in (its manifest's `thinking`).")
 

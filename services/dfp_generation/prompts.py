@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from dfp_shared.storage import NotFound, ObjectStore, StorageError, open_store, split_uri
+from dfp_shared.storage import NotFound, ObjectStore, StorageError, open_store, split_uri, visible
 
 PROMPT_SUFFIXES = (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".ndjson.gz")
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",
@@ -69,7 +69,7 @@ def resolve_prompt_set(uri: str, endpoint_url: str | None = None) -> PromptSourc
         return PromptSource(root, [key])
     try:
         store = open_store(uri, endpoint_url=endpoint_url)
-        keys = [k for k in store.list("") if k.endswith(PROMPT_SUFFIXES)]
+        keys = [k for k in visible(store.list("")) if k.endswith(PROMPT_SUFFIXES)]
     except (NotADirectoryError, FileExistsError):
         keys = []
     if not keys:

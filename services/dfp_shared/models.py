@@ -59,7 +59,9 @@ def load_causal_lm(uri: str, device: str | None = None, dtype: str | None = None
 
     path = local_model_dir(uri, endpoint_url=endpoint_url)
     dev = pick_device(device)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dev, dtype), attn_implementation="sdpa")
+    # weights only from safetensors (a pickled .bin from storage would run code), and no model code from it
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dev, dtype), attn_implementation="sdpa",
+                                                 use_safetensors=True, trust_remote_code=False)
     model.to(dev).eval()
     model.requires_grad_(False)
     return model

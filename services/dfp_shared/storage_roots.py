@@ -97,6 +97,13 @@ def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root + "/")
 
 
+def parent_prefix(uri: str) -> str:
+    """The prefix that holds ``uri`` (its parent directory or key prefix), canonical."""
+    canonical = canonical_uri(uri).rstrip("/")
+    head, _, _ = canonical.rpartition("/")
+    return head if head not in ("file:/", "s3:/") else canonical
+
+
 def parse_prefixes(value: str | Sequence[str] | None) -> list[str]:
     """``DFLASH_ALLOWED_PREFIXES``: a comma-separated list (or a list) of ``file://`` / ``s3://`` prefixes."""
     if not value:

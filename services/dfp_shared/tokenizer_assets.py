@@ -63,7 +63,7 @@ def load_tokenizer(path: str | os.PathLike, add_mask_token: bool = False):
     """Load a Hugging Face tokenizer directory; optionally add the DFlash mask token."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path))
+    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)  # no tokenizer code from storage
     if add_mask_token and MASK_TOKEN not in tok.get_vocab():
         tok.add_special_tokens({"additional_special_tokens": [MASK_TOKEN]})
     return tok

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dfp_shared.jobs import JobRecord, JobStore
 from dfp_shared.redis_conn import connect
+from dfp_shared.storage_roots import parent_prefix, parse_prefixes
 from dfp_shared.submit import submit_job
 
 from .pool import Pool
@@ -13,6 +14,10 @@ from .settings import TokenizerSettings
 
 def run_job(settings: TokenizerSettings, spec: dict) -> JobRecord:
     """Submit ``spec`` as a tokenize job and consume it with ``settings.process_count()`` processes."""
+    # a local run is the operator's own: the storage its command line names is allowed storage
+    named = [spec[f] for f in ("input", "output", "tokenizer") if spec.get(f)]
+    settings = settings.model_copy(update={"allowed_prefixes": ",".join(
+        [*parse_prefixes(settings.allowed_prefixes), *(parent_prefix(u) for u in named)])})
     r = connect(settings.redis_url)
     job, _ = submit_job(r, "tokenize", spec)
     jobs = JobStore(r)

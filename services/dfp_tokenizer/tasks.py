@@ -18,10 +18,13 @@ import logging
 import threading
 from pathlib import Path
 
+from dfp_shared.config import CommonSettings, load_settings
 from dfp_shared.jobs import JobStore
+from dfp_shared.ownership import OutputClaims
 from dfp_shared.queue import Task, TaskQueue
 from dfp_shared.specs.tokenize import TokenizeSpec
-from dfp_shared.storage import NotFound, ObjectStore, open_store, split_uri
+from dfp_shared.storage import NotFound, ObjectStore, open_store, split_uri, visible
+from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.submit import PLAN_KEY, finish_job
 from dfp_shared.token_shards import MANIFEST, build_manifest
 from dfp_shared.tokenizer_assets import default_cache_dir, load_tokenizer
@@ -84,14 +87,20 @@ class EncoderCache:
 class TokenizeHandler:
     """``handler(task, ctx)`` for the shared :class:`~dfp_shared.worker.Worker` loop."""
 
-    def __init__(self, r, encoders: EncoderCache, endpoint_url: str | None = None):
+    def __init__(self, r, encoders: EncoderCache, endpoint_url: str | None = None, roots: StorageRoots | None = None):
         self.r = r
         self.jobs = JobStore(r)
         self.encoders = encoders
         self.endpoint_url = endpoint_url
+        self.roots = roots or StorageRoots.from_settings(load_settings(CommonSettings))
+        self.claims = OutputClaims(self.roots, endpoint_url)
 
     def __call__(self, task: Task, ctx: TaskContext) -> None:
-        spec = TokenizeSpec.model_validate(self.jobs.get(task.job_id).spec)
+        rec = self.jobs.get(task.job_id)
+        spec = TokenizeSpec.model_validate(rec.spec)
+        # before any I/O: the task may come from anyone who can write to Redis
+        self.roots.check_spec(KIND, spec)
+        self.claims.claim(spec.output, rec.owner, task.job_id)
         if task.key == PLAN_KEY:
             self.plan(task, spec, ctx.queue)
         elif task.key == FINALIZE_KEY:
@@ -111,7 +120,7 @@ class TokenizeHandler:
             if self._store(root).exists(key):
                 return [(uri, key.rsplit("/", 1)[-1])]
         store = self._store(uri)
-        return [(store.url(k), k) for k in store.list("") if k.endswith(INPUT_SUFFIXES)]
+        return [(store.url(k), k) for k in visible(store.list("")) if k.endswith(INPUT_SUFFIXES)]
 
     def plan(self, task: Task, spec: TokenizeSpec, queue: TaskQueue) -> None:
         inputs = self.list_inputs(spec.input)
@@ -136,6 +145,7 @@ class TokenizeHandler:
     def file(self, task: Task, spec: TokenizeSpec, ctx: TaskContext) -> None:
         encoder = self.encoders.encoder(spec)
         uri, name = task.payload["file"], task.payload["name"]
+        self.roots.check_inside(uri, spec.input, "task.file")
         root, key = split_uri(uri)
         data = self._store(root).get(key)
         ctx.check()

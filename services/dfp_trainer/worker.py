@@ -20,8 +20,10 @@ import time
 from pathlib import Path
 
 from dfp_shared.jobs import JobState
+from dfp_shared.ownership import OutputClaims
 from dfp_shared.queue import Task
 from dfp_shared.specs.train import TrainSpec
+from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.submit import finish_job
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
@@ -38,6 +40,8 @@ class TrainHandler:
     def __init__(self, settings: TrainerSettings, redis_client):
         self.settings = settings
         self.r = redis_client
+        self.roots = StorageRoots.from_settings(settings)
+        self.claims = OutputClaims(self.roots, settings.s3_endpoint_url)
 
     def __call__(self, task: Task, ctx: TaskContext) -> None:
         job = ctx.jobs.get(task.job_id)
@@ -46,6 +50,9 @@ class TrainHandler:
         except ValueError as exc:
             finish_job(self.r, task.job_id, JobState.failed, error=f"invalid train spec: {exc}")
             return
+        # before any I/O (resume reads the output prefix): the task may come from anyone who can write to Redis
+        self.roots.check_spec("train", spec)
+        self.claims.claim(spec.output, job.owner, task.job_id)
         log.info("training job claimed", extra={"job_id": task.job_id, "deliveries": task.deliveries})
         try:
             if self.settings.nproc_per_node > 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 from fastapi.testclient import TestClient
@@ -23,6 +24,10 @@ def auth(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
 
+# the storage the API tests' specs name (nothing is read there: no worker runs), plus the session's own
+API_TEST_STORAGE = "s3://bucket,file:///data,file:///models"
+
+
 @pytest.fixture
 def make_app(redis_server):
     from dfp_api.app import create_app
@@ -30,7 +35,9 @@ def make_app(redis_server):
 
     def make(**overrides):
         settings = ApiSettings(**{"redis_url": redis_server.url, "api_keys": key_entries(), "sse_poll_s": 0.2,
-                                  "rate_limit_per_s": 1000.0, "rate_limit_burst": 1000, **overrides})
+                                  "rate_limit_per_s": 1000.0, "rate_limit_burst": 1000,
+                                  "allowed_prefixes": f"{API_TEST_STORAGE},{os.environ.get('DFLASH_ALLOWED_PREFIXES', '')}",
+                                  **overrides})
         return create_app(settings)
 
     return make

@@ -15,12 +15,17 @@ import time
 
 import redis
 from dfp_shared.jobs import JobState, JobStore
+from dfp_shared.ownership import OutputClaims
 from dfp_shared.queue import Task, TaskQueue
 from dfp_shared.specs.generate import GenerateSpec
 from dfp_shared.storage import StorageError, open_store
+from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.submit import PLAN_KEY, finish_job
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased, Worker
+from pydantic import ValidationError
 
+from .endpoints import EndpointError
+from .endpoints import resolve as resolve_endpoint
 from .engines import Engine, GenResult
 from .live import ShardProgress
 from .plan import ShardPlan, plan_shards
@@ -48,14 +53,17 @@ def build_engine(spec: GenerateSpec, settings: GenerationSettings) -> Engine:
     if spec.engine == "openai":
         from .engines.openai_engine import OpenAIEngine
 
-        base_url = spec.openai_base_url or settings.openai_base_url
-        model = spec.openai_model or settings.openai_model or spec.model
-        if not base_url:
-            raise SpecError("engine 'openai' needs openai_base_url in the job spec or DFLASH_OPENAI_BASE_URL on the worker")
+        # only an endpoint the operator configured, with its own token: a spec names it, never a URL
+        try:
+            endpoint = resolve_endpoint(settings.openai_endpoint_map(), spec.openai_endpoint)
+            key = endpoint.token()
+        except EndpointError as exc:
+            raise SpecError(str(exc)) from None
+        model = spec.openai_model or endpoint.model or spec.model
         if not model:
-            raise SpecError("engine 'openai' needs openai_model in the job spec or DFLASH_OPENAI_MODEL on the worker")
-        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
-        return OpenAIEngine(base_url, model, concurrency=spec.concurrency, timeout_s=spec.request_timeout_s,
+            raise SpecError(f"engine 'openai' needs openai_model in the job spec (endpoint {endpoint.name!r} has no "
+                            "model configured; DFLASH_OPENAI_MODEL for 'default')")
+        return OpenAIEngine(endpoint.url, model, concurrency=spec.concurrency, timeout_s=spec.request_timeout_s,
                             max_retries=spec.max_retries, api_key=key, backoff_base_s=settings.backoff_base_s,
                             backoff_max_s=settings.backoff_max_s)
     from .engines.transformers_engine import TransformersEngine
@@ -72,10 +80,23 @@ class GenerationHandler:
         self.jobs = JobStore(r)
         self.queue = TaskQueue(r, KIND, lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
         self.settings = settings
+        self.roots = StorageRoots.from_settings(settings)
+        self.claims = OutputClaims(self.roots, settings.s3_endpoint_url)
         self._engine: tuple[tuple, Engine] | None = None
 
     def __call__(self, task: Task, ctx: TaskContext) -> None:
-        spec = GenerateSpec.model_validate(self.jobs.get(task.job_id).spec)
+        rec = self.jobs.get(task.job_id)
+        try:
+            spec = GenerateSpec.model_validate(rec.spec)
+        except ValidationError as exc:  # e.g. a removed field, written straight into Redis: retrying cannot help
+            log.error("job cannot run", extra={"job_id": task.job_id, "error": str(exc)})
+            finish_job(self.r, task.job_id, JobState.failed, error=f"invalid generate spec: {exc}")
+            return
+        # before any I/O: the task may come from anyone who can write to Redis
+        self.roots.check_spec(KIND, spec)
+        if "prompts_root" in task.payload:
+            self.roots.check(task.payload["prompts_root"], "task.prompts_root")
+        self.claims.claim(spec.output, rec.owner, task.job_id)
         try:
             if task.key == PLAN_KEY:
                 self.plan(task, spec)
@@ -88,7 +109,7 @@ class GenerationHandler:
             finish_job(self.r, task.job_id, JobState.failed, error=str(exc))
 
     def engine(self, spec: GenerateSpec) -> Engine:
-        ident = (spec.engine, spec.model, spec.openai_base_url, spec.openai_model, spec.concurrency,
+        ident = (spec.engine, spec.model, spec.openai_endpoint, spec.openai_model, spec.concurrency,
                  spec.request_timeout_s, spec.max_retries)
         if self._engine is None or self._engine[0] != ident:
             if self._engine is not None:
@@ -101,7 +122,7 @@ class GenerationHandler:
 
     def plan(self, task: Task, spec: GenerateSpec) -> None:
         if spec.engine == "openai":
-            self.engine(spec)  # fail fast on a missing base URL / model name
+            self.engine(spec)  # fail fast on an endpoint that is not configured / a missing model name
         try:
             plan = plan_shards(spec.prompts, spec.shard_size, endpoint_url=self.settings.s3_endpoint_url)
         except StorageError as exc:

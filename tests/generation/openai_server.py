@@ -46,6 +46,7 @@ class LoopbackOpenAI:
         self.attempts: Counter[str] = Counter()
         self.status_counts: Counter[int] = Counter()
         self.bodies: list[dict] = []
+        self.authorizations: list[str | None] = []  # the Authorization header of every request, in order
         self.in_flight = 0
         self.max_in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -98,6 +99,7 @@ class LoopbackOpenAI:
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
+                self.authorizations.append(headers.get("authorization"))
                 status, payload, extra = await self._respond(method, path, body)
                 data = json.dumps(payload).encode()
                 head_out = [f"HTTP/1.1 {status} {'OK' if status == 200 else 'ERR'}", "Content-Type: application/json",

@@ -120,7 +120,7 @@ def test_openai_retries_faults_and_reports_failures(tmp_path, tiny_qwen3_dir):
              "[[429x1]][[500x1]]", ""])]
         write_jsonl(tmp_path / "p.jsonl", rows)
         spec = GenerateSpec(prompts=str(tmp_path / "p.jsonl"), output=str(tmp_path / "out"), engine="openai",
-                            openai_base_url=server.base_url, openai_model="target", concurrency=4,
+                            openai_model="target", concurrency=4,
                             request_timeout_s=0.5, max_retries=3, samples_per_prompt=2, max_new_tokens=64)
         engine = OpenAIEngine(server.base_url, "target", concurrency=4, timeout_s=0.5, max_retries=3,
                               backoff_base_s=0.01, backoff_max_s=0.05)

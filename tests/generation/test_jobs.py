@@ -60,9 +60,9 @@ def test_job_to_s3_counts_progress_and_rerun_skips(tmp_path, redis_server, redis
                                                    openai_server):
     ids = make_prompts(tmp_path / "prompts.jsonl", 11, faults={3: "[[always500]]", 5: "[[429x1]]"}, bad_lines=(7,))
     spec = {"prompts": str(tmp_path / "prompts.jsonl"), "output": f"{s3_bucket}/gen", "engine": "openai",
-            "openai_base_url": openai_server.base_url, "openai_model": "target", "shard_size": 4, "concurrency": 3,
+            "openai_model": "target", "shard_size": 4, "concurrency": 3,
             "max_retries": 2}
-    settings = settings_for(redis_server, s3_endpoint_url=s3_server.endpoint_url)
+    settings = settings_for(redis_server, s3_endpoint_url=s3_server.endpoint_url, openai_base_url=openai_server.base_url)
     job, _ = submit_job(redis_client, "generate", spec)
     run_worker(redis_client, settings)
     rec = JobStore(redis_client).get(job.id)
@@ -116,8 +116,9 @@ def test_cancel_stops_a_running_shard(tmp_path, redis_server, redis_client):
         make_prompts(tmp_path / "p.jsonl", 40)
         job, _ = submit_job(redis_client, "generate", {
             "prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "o"), "engine": "openai",
-            "openai_base_url": server.base_url, "openai_model": "m", "shard_size": 40, "concurrency": 1})
-        worker = GenerationWorker(GenerationHandler(redis_client, settings_for(redis_server)), block_ms=200)
+            "openai_model": "m", "shard_size": 40, "concurrency": 1})
+        worker = GenerationWorker(GenerationHandler(redis_client, settings_for(redis_server, openai_base_url=server.base_url)),
+                                  block_ms=200)
         thread = threading.Thread(target=worker.run, kwargs={"idle_exit_s": 1.0})
         thread.start()
         jobs = JobStore(redis_client)
@@ -134,10 +135,10 @@ def test_cancel_stops_a_running_shard(tmp_path, redis_server, redis_client):
         server.stop()
 
 
-def _worker_proc(redis_url: str, log_path: Path, metrics_port: int = 0) -> subprocess.Popen:
+def _worker_proc(redis_url: str, log_path: Path, openai_url: str, metrics_port: int = 0) -> subprocess.Popen:
     env = {**os.environ, "DFLASH_METRICS_PORT": str(metrics_port), "PYTHONPATH": str(ROOT / "services") + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "DFLASH_REDIS_URL": redis_url, "DFLASH_LEASE_MS": "1500", "DFLASH_CHECKPOINT_INTERVAL_S": "0.2",
-           "DFLASH_BACKOFF_BASE_S": "0.01", "DFLASH_BACKOFF_MAX_S": "0.05"}
+           "DFLASH_BACKOFF_BASE_S": "0.01", "DFLASH_BACKOFF_MAX_S": "0.05", "DFLASH_OPENAI_BASE_URL": openai_url}
     return subprocess.Popen([sys.executable, "-m", "dfp_cli.main", "generation", "worker", "--idle-exit-s", "3"],
                             env=env, cwd=str(ROOT), stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
 
@@ -149,11 +150,11 @@ def test_worker_killed_mid_shard_job_completes_with_every_prompt_once(tmp_path, 
         ids = make_prompts(tmp_path / "p.jsonl", 36, faults={4: "[[always500]]", 20: "[[500x1]]", 30: "[[429x1]]"})
         job, _ = submit_job(redis_client, "generate", {
             "prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "out"), "engine": "openai",
-            "openai_base_url": server.base_url, "openai_model": "m", "shard_size": 12, "concurrency": 2,
+            "openai_model": "m", "shard_size": 12, "concurrency": 2,
             "max_retries": 2})
         jobs = JobStore(redis_client)
         log = tmp_path / "worker.log"
-        first = _worker_proc(redis_server.url, log)
+        first = _worker_proc(redis_server.url, log, server.base_url)
         partial = tmp_path / "out" / "partial"
         deadline = time.monotonic() + 90
         # kill it once a shard is done and another is half-way (its checkpoint is on disk)
@@ -166,7 +167,7 @@ def test_worker_killed_mid_shard_job_completes_with_every_prompt_once(tmp_path, 
         first.wait(10)
         assert jobs.get(job.id).state == JobState.running
         port = free_port()
-        second = _worker_proc(redis_server.url, log, metrics_port=port)
+        second = _worker_proc(redis_server.url, log, server.base_url, metrics_port=port)
         while time.monotonic() < deadline and not jobs.get(job.id).state.terminal:
             time.sleep(0.1)
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
@@ -196,12 +197,12 @@ def test_pipeline_generate_output_feeds_the_tokenizer_unchanged(tmp_path, redis_
     make_prompts(tmp_path / "p.jsonl", 6, bad_lines=(2,))
     pipeline, _ = submit_job(redis_client, "pipeline", {
         "generate": {"prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "gen"), "engine": "openai",
-                     "openai_base_url": openai_server.base_url, "openai_model": "m", "shard_size": 2,
+                     "openai_model": "m", "shard_size": 2,
                      "samples_per_prompt": 2},
         "tokenize": {"output": str(tmp_path / "tok"), "tokenizer": str(tiny_qwen3_dir)},
         "train": {"target": str(tiny_qwen3_dir), "output": str(tmp_path / "train")},
     })
-    run_worker(redis_client, settings_for(redis_server))
+    run_worker(redis_client, settings_for(redis_server, openai_base_url=openai_server.base_url))
     jobs = JobStore(redis_client)
     rec = jobs.get(pipeline.id)
     gen = jobs.get(rec.outputs["generate_job"])
@@ -227,8 +228,8 @@ def test_shutdown_checkpoints_and_releases_the_shard_for_another_worker(tmp_path
         ids = make_prompts(tmp_path / "p.jsonl", 30)
         job, _ = submit_job(redis_client, "generate", {
             "prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "o"), "engine": "openai",
-            "openai_base_url": server.base_url, "openai_model": "m", "shard_size": 30, "concurrency": 1})
-        settings = settings_for(redis_server)
+            "openai_model": "m", "shard_size": 30, "concurrency": 1})
+        settings = settings_for(redis_server, openai_base_url=server.base_url)
         first = GenerationWorker(GenerationHandler(redis_client, settings), block_ms=200)
         thread = threading.Thread(target=first.run, kwargs={"idle_exit_s": 1.0})
         thread.start()

@@ -25,7 +25,7 @@ def one_shard_job(tmp_path, redis_client, server) -> str:
     make_prompts(tmp_path / "p.jsonl", PROMPTS)
     job, _ = submit_job(redis_client, "generate", {
         "prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "o"), "engine": "openai",
-        "openai_base_url": server.base_url, "openai_model": "m", "shard_size": PROMPTS, "concurrency": 1})
+        "openai_model": "m", "shard_size": PROMPTS, "concurrency": 1})
     return job.id
 
 
@@ -46,7 +46,8 @@ def test_progress_moves_while_the_shard_runs_and_ends_exact(tmp_path, redis_serv
     server = LoopbackOpenAI(latency=0.2).start()
     try:
         job_id = one_shard_job(tmp_path, redis_client, server)
-        worker = GenerationWorker(GenerationHandler(redis_client, settings_for(redis_server, progress_interval_s=0.1)),
+        worker = GenerationWorker(GenerationHandler(redis_client, settings_for(redis_server, progress_interval_s=0.1,
+                                                                           openai_base_url=server.base_url)),
                                   block_ms=200)
         thread = threading.Thread(target=worker.run, kwargs={"idle_exit_s": 1.0})
         thread.start()
@@ -82,7 +83,8 @@ def test_a_shard_taken_over_from_a_dead_worker_is_not_counted_twice(tmp_path, re
     server = LoopbackOpenAI(latency=0.05).start()
     try:
         job_id = one_shard_job(tmp_path, redis_client, server)
-        settings = GenerationSettings(**{**settings_for(redis_server).model_dump(), "lease_ms": 1000,
+        settings = GenerationSettings(**{**settings_for(redis_server, openai_base_url=server.base_url).model_dump(),
+                                         "lease_ms": 1000,
                                          "progress_interval_s": 0})
         GenerationWorker(GenerationHandler(redis_client, settings), block_ms=200).run(max_tasks=1)  # the plan
         # a worker claims the shard, reports 3 prompts done, and dies (its task stays pending)

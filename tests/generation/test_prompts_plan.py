@@ -125,8 +125,10 @@ def test_seeds_and_retry_after():
 def test_spec_validation():
     with pytest.raises(ValueError, match="model: required"):
         GenerateSpec(prompts="/p", output="/o")
-    with pytest.raises(ValueError, match="openai_base_url"):
-        GenerateSpec(prompts="/p", output="/o", engine="openai", openai_base_url="localhost:8000")
+    with pytest.raises(ValueError, match="openai_base_url: no longer accepted.*openai_endpoint"):
+        GenerateSpec(prompts="/p", output="/o", engine="openai", openai_base_url="http://localhost:8000/v1")
+    with pytest.raises(ValueError, match="openai_endpoint"):
+        GenerateSpec(prompts="/p", output="/o", engine="openai", openai_endpoint="localhost:8000")
     spec = GenerateSpec(prompts="/p", output="/o", engine="openai")
     assert spec.thinking and spec.samples_per_prompt == 1
 

@@ -84,8 +84,9 @@ class OpenAIEngine(Engine):
         if self._ssl is None:
             self._ssl = httpx.create_ssl_context()
         while len(self._clients) <= index:
+            # no redirects: the bearer token goes to the configured endpoint and nowhere it points to
             self._clients.append(httpx.AsyncClient(timeout=self.timeout, limits=ONE_CONNECTION, headers=self.headers,
-                                                   verify=self._ssl))
+                                                   verify=self._ssl, follow_redirects=False))
         return self._clients[index]
 
     async def agenerate(self, requests: list[GenRequest], params: SamplingParams, *,

@@ -1,0 +1,40 @@
+"""Spec fields that choose an operator-configured endpoint by name, never by address.
+
+A worker sends its credentials (and a job's data) only to addresses its operator configured; a spec
+can only pick one of them by name. A name is letters, digits, ``_``, ``.`` and ``-``, so no URL or
+host:port fits, and a removed address field is refused with what to use instead.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+def is_endpoint_name(value: object) -> bool:
+    return isinstance(value, str) and _NAME_RE.fullmatch(value) is not None
+
+
+def endpoint_name(what: str):
+    """The type of a spec field naming one of the operator's ``what`` (e.g. "OpenAI-compatible endpoint")."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, str) and not is_endpoint_name(value):
+            raise ValueError(f"{value!r} is not the name of a configured {what}: give one of the names the "
+                             f"operator configured (letters, digits, '_', '.', '-'; at most 64), never an address")
+        return value
+
+    return Annotated[str, BeforeValidator(check), Field(pattern=NAME_PATTERN, max_length=64)]
+
+
+def refuse_removed(data: Any, removed: str, instead: str, why: str) -> Any:
+    """For a ``model_validator(mode="before")``: refuse the removed field ``removed``, saying what to use."""
+    if isinstance(data, dict) and removed in data:
+        raise ValueError(f"{removed}: no longer accepted ({why}); name one the operator configured with "
+                         f"{instead} instead (unset: 'default')")
+    return data

@@ -10,6 +10,7 @@ from prometheus_client import Histogram
 
 from . import errors
 from .deps import BEARER_SCHEME
+from .limits import BodyLimitMiddleware
 from .routes import health, jobs
 from .settings import ApiSettings
 from .state import ApiState
@@ -73,17 +74,22 @@ def create_app(settings: ApiSettings) -> FastAPI:
     errors.install(app)
     app.include_router(jobs)
     app.include_router(health)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware)
-    _document_bearer_auth(app)
+    _document(app, settings)
     return app
 
 
-def _document_bearer_auth(app: FastAPI) -> None:
-    """Auth is one plain dependency (see deps.require); state the bearer scheme in the document here."""
+def _document(app: FastAPI, settings: ApiSettings) -> None:
+    """Auth is one plain dependency (see deps.require); state the bearer scheme in the document here,
+    and the page size this server's settings allow."""
     generate = app.openapi
 
     def openapi() -> dict:
         doc = generate()
+        for param in doc["paths"]["/v1/jobs"]["get"].get("parameters", []):
+            if param["name"] == "limit" and param["in"] == "query":
+                param["schema"]["maximum"] = settings.max_page_size
         doc.setdefault("components", {}).setdefault("securitySchemes", {}).update(BEARER_SCHEME)
         for path, operations in doc["paths"].items():
             if path.startswith("/v1/"):

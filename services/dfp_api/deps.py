@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from datetime import datetime, timezone
 from typing import Annotated
 
 import redis
-from dfp_shared.jobs import JobRecord
+from dfp_shared.jobs import JobNotFound, JobRecord
 from fastapi import Depends, Path, Request
 from fastapi.exceptions import RequestValidationError
 
-from .auth import ANONYMOUS, Principal
+from .auth import ANONYMOUS, Principal, format_expiry
 from .errors import ApiError
 from .settings import ApiSettings
 from .state import ApiState
@@ -69,9 +71,9 @@ def _reject_unknown_query(request: Request) -> None:
 
 
 def require(scope: str):
-    """A dependency: the caller named by the bearer key (401 if missing or unknown), charged one request
-    (429 over the key's rate), holding ``scope`` (403). One function on purpose: FastAPI's per-request
-    cost grows with every dependency in the tree, and this runs on every request."""
+    """A dependency: the caller named by the bearer key (401 if missing, unknown or expired), charged one
+    request (429 over the key's rate), holding ``scope`` (403). One function on purpose: FastAPI's
+    per-request cost grows with every dependency in the tree, and this runs on every request."""
 
     async def caller(request: Request) -> Principal:
         state: ApiState = request.app.state.api
@@ -85,6 +87,10 @@ def require(scope: str):
             principal = state.keyring.authenticate(token)
             if principal is None:
                 raise ApiError(401, "unauthenticated", "invalid API key", {"WWW-Authenticate": "Bearer"})
+            if principal.expires_at is not None and principal.expired(time.time()):
+                when = format_expiry(datetime.fromtimestamp(principal.expires_at, timezone.utc))
+                raise ApiError(401, "unauthenticated", f"API key expired at {when}",
+                               {"WWW-Authenticate": 'Bearer error="invalid_token"'})
         decision = await state.limiter.hit(principal.name)
         if not decision.allowed:
             raise ApiError(429, "rate_limited",
@@ -109,9 +115,17 @@ BEARER_SCHEME = {"HTTPBearer": {"type": "http", "scheme": "bearer",
 JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="Job id.")]
 
 
-async def existing_job(job_id: JobId, request: Request, _: Reading) -> JobRecord:
-    """The job named in the path (404 if unknown)."""
-    return await request.app.state.api.reader.get(job_id)
+def visible(caller: Principal, job: JobRecord) -> JobRecord:
+    """``job`` if the caller may see it (its own, or any for an admin); else 404, as for a job that
+    does not exist, so another principal's job ids reveal nothing."""
+    if not caller.may_see(job.owner):
+        raise JobNotFound(job.id)
+    return job
+
+
+async def existing_job(job_id: JobId, request: Request, caller: Reading) -> JobRecord:
+    """The job named in the path (404 if unknown or another principal's)."""
+    return visible(caller, await request.app.state.api.reader.get(job_id))
 
 
 ExistingJob = Annotated[JobRecord, Depends(existing_job)]

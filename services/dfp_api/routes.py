@@ -15,9 +15,9 @@ from prometheus_client import Counter
 from pydantic import TypeAdapter, ValidationError
 
 from . import service
-from .deps import ExistingJob, JobId, Reader, Reading, Settings, State, SyncRedis, Writing
+from .deps import ExistingJob, JobId, Reader, Reading, Settings, State, SyncRedis, Writing, visible
 from .events import job_events
-from .schemas import Health, Job, JobPage, JobRequest, JobType, error_responses
+from .schemas import Health, Job, JobPage, JobRequest, JobSummary, JobType, error_responses
 
 STRICT_REQUEST: TypeAdapter = TypeAdapter(JobRequest)
 SUBMITTED = Counter("dfp_api_jobs_submitted_total", "Jobs created through the API", ["type"])
@@ -25,7 +25,7 @@ SUBMITTED = Counter("dfp_api_jobs_submitted_total", "Jobs created through the AP
 jobs = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 health = APIRouter(tags=["health"])
 
-IdempotencyKey = Annotated[str | None, Header(
+IdempotencyKey = Annotated[str, Header(  # not "| None": a header is absent or a string, never null
     alias="Idempotency-Key", min_length=1, max_length=200, pattern=r"^[!-~]+$",
     description="Makes a retried submit return the job the first one created.")]
 
@@ -35,12 +35,19 @@ def _job(rec: JobRecord) -> Job:
     return Job(id=rec.id, type=rec.type, state=rec.state, spec=rec.spec, created_at=rec.created_at,
                started_at=rec.started_at, finished_at=rec.finished_at, error=rec.error, outputs=rec.outputs,
                counters=rec.counters, totals=rec.totals, primary_unit=rec.primary_unit, parent_id=rec.parent_id,
-               stage=rec.stage, progress=rec.progress())
+               stage=rec.stage, owner=rec.owner, progress=rec.progress())
+
+
+def _summary(rec: JobRecord) -> JobSummary:
+    return JobSummary(id=rec.id, type=rec.type, state=rec.state, created_at=rec.created_at,
+                      started_at=rec.started_at, finished_at=rec.finished_at, error=rec.error, outputs=rec.outputs,
+                      counters=rec.counters, totals=rec.totals, primary_unit=rec.primary_unit,
+                      parent_id=rec.parent_id, stage=rec.stage, owner=rec.owner, progress=rec.progress())
 
 
 @jobs.post("", status_code=201, response_model=Job,
            responses={200: {"model": Job, "description": "Replay: the job this Idempotency-Key created"},
-                      **error_responses(401, 403, 409, 422, 429, 503)})
+                      **error_responses(401, 403, 409, 413, 422, 429, 503)})
 async def submit_job(body: JobRequest, caller: Writing, r: SyncRedis, request: Request, response: Response,
                      idempotency_key: IdempotencyKey = None) -> Job:
     """Submit a generate, tokenize, train or pipeline job. Returns 201 (created) or 200 (replayed)."""
@@ -49,7 +56,8 @@ async def submit_job(body: JobRequest, caller: Writing, r: SyncRedis, request: R
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]) from None
     spec = body.spec.model_dump(mode="json")
-    rec, created = await run_in_threadpool(service.submit, r, caller.name, body.type, spec, idempotency_key)
+    rec, created = await run_in_threadpool(service.submit, r, caller.name, body.type, spec, idempotency_key,
+                                           request.app.state.api.roots)
     if created:
         SUBMITTED.labels(body.type).inc()
     else:
@@ -58,41 +66,46 @@ async def submit_job(body: JobRequest, caller: Writing, r: SyncRedis, request: R
 
 
 @jobs.get("", response_model=JobPage, responses=error_responses(401, 403, 422, 429, 503))
-async def list_jobs(_: Reading, r: SyncRedis, settings: Settings,
+async def list_jobs(caller: Reading, r: SyncRedis, settings: Settings,
                     state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None,
                     type: Annotated[JobType | None, Query(description="Only jobs of this type.")] = None,
                     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
                     limit: Annotated[int, Query(ge=1, le=10_000, description="Page size.")] = 50) -> JobPage:
-    """Jobs, newest first, filtered by state and type."""
+    """The caller's jobs (an admin's: every job), newest first, filtered by state and type; items
+    leave the spec out (GET /v1/jobs/{id} has it)."""
     if limit > settings.max_page_size:
         raise RequestValidationError([{"loc": ("query", "limit"), "type": "less_than_equal",
                                        "msg": f"Input should be less than or equal to {settings.max_page_size}"}])
     page, total = await run_in_threadpool(service.list_jobs, r, state.value if state else None,
-                                          type.value if type else None, offset, limit)
-    return JobPage(items=[_job(rec) for rec in page], total=total, offset=offset, limit=limit)
+                                          type.value if type else None, offset, limit,
+                                          None if caller.sees_all else caller.name)
+    return JobPage(items=[_summary(rec) for rec in page], total=total, offset=offset, limit=limit)
 
 
 @jobs.get("/{job_id}", response_model=Job, responses=error_responses(401, 403, 404, 422, 429, 503))
-async def get_job(job_id: JobId, _: Reading, request: Request) -> Response:
-    """A job's spec, state, progress (rate, ETA), error and outputs."""
+async def get_job(job_id: JobId, caller: Reading, request: Request) -> Response:
+    """A job's spec, state, progress (rate, ETA), error and outputs (404 for another principal's job)."""
     # the hot path: no further dependencies; the body is built from the model, so it matches the
-    # document, and is sent as is (no second validation pass)
-    job = await request.app.state.api.reader.get(job_id)
+    # document, and is sent as is (no second validation pass); the owner comes with the record
+    job = visible(caller, await request.app.state.api.reader.get(job_id))
     return Response(_job(job).model_dump_json(), media_type="application/json")
 
 
-@jobs.post("/{job_id}/cancel", response_model=Job, responses=error_responses(401, 403, 404, 409, 422, 429, 503))
+@jobs.post("/{job_id}/cancel", response_model=Job,
+           responses=error_responses(401, 403, 404, 409, 413, 422, 429, 503))
 async def cancel_job(job_id: JobId, caller: Writing, r: SyncRedis) -> Job:
-    """Cancel a queued or running job (a pipeline also cancels its running stage). 409 if it already ended."""
-    return _job(await run_in_threadpool(service.cancel, r, caller.name, job_id))
+    """Cancel a queued or running job (a pipeline also cancels its running stage). 409 if it already ended;
+    404 for another principal's job (an admin may cancel any)."""
+    return _job(await run_in_threadpool(service.cancel, r, caller.name, job_id,
+                                        None if caller.sees_all else caller.name))
 
 
 @jobs.get("/{job_id}/events", response_class=EventSourceResponse,
           responses=error_responses(401, 403, 404, 422, 429, 503, explicit_json=True))
 async def job_event_stream(
     job: ExistingJob, settings: Settings, reader: Reader,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=r"^\d+-\d+$",
-                                                description="Resume after this event id.")] = None,
+    last_event_id: Annotated[str, Header(alias="Last-Event-ID", pattern=r"^\d+-\d+$",
+                                         description="Resume after this event id.")] = None,
 ) -> AsyncIterable[ServerSentEvent]:
     """Server-sent events: `state`, `stage` and worker events (with ids), `progress` snapshots, and a
     final `end` when the job is finished."""

@@ -99,11 +99,12 @@ class Progress(BaseModel):
     elapsed_s: float
 
 
-class Job(BaseModel):
+class JobSummary(BaseModel):
+    """A job as listed: everything but its spec (which may be large; GET /v1/jobs/{id} has it)."""
+
     id: str
     type: str
     state: JobState
-    spec: dict[str, Any]
     created_at: float = Field(description="Unix time.")
     started_at: float | None
     finished_at: float | None
@@ -114,11 +115,17 @@ class Job(BaseModel):
     primary_unit: str
     parent_id: str | None = Field(description="The pipeline this job is a stage of.")
     stage: str | None
+    owner: str | None = Field(description="Name of the API key that submitted the job (a pipeline's stages "
+                                          "inherit it); only it, and admin keys, see the job.")
     progress: Progress
 
 
+class Job(JobSummary):
+    spec: dict[str, Any]
+
+
 class JobPage(BaseModel):
-    items: list[Job]
+    items: list[JobSummary]
     total: int = Field(description="Jobs matching the filters.")
     offset: int
     limit: int
@@ -144,7 +151,8 @@ class Health(BaseModel):
 def error_responses(*codes: int, explicit_json: bool = False) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for error statuses. ``explicit_json`` for routes whose success type is not JSON."""
     text = {401: "Missing or invalid API key", 403: "The key lacks the scope", 404: "No such job",
-            409: "Illegal state transition", 422: "Invalid request", 429: "Rate limit exceeded",
+            409: "Illegal state transition", 413: "Request body over the limit (DFLASH_MAX_BODY_BYTES)",
+            422: "Invalid request", 429: "Rate limit exceeded",
             503: "Dependency unavailable"}
     if explicit_json:
         content = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}

@@ -11,7 +11,9 @@ import logging
 import redis
 from dfp_shared.jobs import IllegalTransition, JobNotFound, JobRecord, JobState, JobStore
 from dfp_shared.specs import PipelineSpec
-from dfp_shared.submit import advance_pipeline, submit_job
+from dfp_shared.storage_roots import OutsideRoots, StorageRoots
+from dfp_shared.submit import advance_pipeline, submit_job, with_default_outputs
+from fastapi.exceptions import RequestValidationError
 
 log = logging.getLogger(__name__)
 
@@ -20,12 +22,19 @@ class IdempotencyConflict(ValueError):
     """The idempotency key was used before for a different request."""
 
 
-def submit(r: redis.Redis, caller: str, job_type: str, spec: dict,
-           idempotency_key: str | None) -> tuple[JobRecord, bool]:
-    """Create and queue a job. A repeated idempotency key (scoped to the caller) returns the first job."""
+def submit(r: redis.Redis, caller: str, job_type: str, spec: dict, idempotency_key: str | None,
+           roots: StorageRoots) -> tuple[JobRecord, bool]:
+    """Create and queue a job owned by ``caller``. A repeated idempotency key (scoped to the caller)
+    returns the first job. A storage URI outside ``roots`` is a 422 naming the field and the roots."""
     scoped = f"api:{caller}:{idempotency_key}" if idempotency_key else None
-    job, created = submit_job(r, job_type, spec, idempotency_key=scoped)
-    if not created and (job.type != job_type or job.spec != _normalised(job_type, spec)):
+    try:
+        job, created = submit_job(r, job_type, spec, idempotency_key=scoped, owner=caller, roots=roots)
+    except OutsideRoots as exc:
+        field, _, reason = str(exc).partition(": ")
+        raise RequestValidationError([{"loc": ("body", *field.split(".")), "msg": reason,
+                                       "type": "storage_root"}]) from None
+    if not created and (job.type != job_type or job.spec != with_default_outputs(
+            job_type, _normalised(job_type, spec), roots, job.id)):
         raise IdempotencyConflict(
             f"Idempotency-Key was already used for job {job.id} with a different type or spec")
     log.info("job submitted" if created else "job submit replayed",
@@ -39,16 +48,20 @@ def _normalised(job_type: str, spec: dict) -> dict:
     return validate_spec(job_type, spec)
 
 
-def list_jobs(r: redis.Redis, state: str | None, job_type: str | None, offset: int,
-              limit: int) -> tuple[list[JobRecord], int]:
-    return JobStore(r).list(state=state, job_type=job_type, offset=offset, limit=limit)
+def list_jobs(r: redis.Redis, state: str | None, job_type: str | None, offset: int, limit: int,
+              owner: str | None = None) -> tuple[list[JobRecord], int]:
+    """A page of jobs (``owner``: only that principal's), read without their specs."""
+    return JobStore(r).list(state=state, job_type=job_type, owner=owner, offset=offset, limit=limit, spec=False)
 
 
-def cancel(r: redis.Redis, caller: str, job_id: str) -> JobRecord:
+def cancel(r: redis.Redis, caller: str, job_id: str, owner: str | None = None) -> JobRecord:
     """Cancel a queued or running job. A pipeline cancels its running stage; a cancelled stage
-    ends its pipeline. Raises JobNotFound, or IllegalTransition when the job already finished."""
+    ends its pipeline. Raises JobNotFound (also for a job that is not ``owner``'s, when given), or
+    IllegalTransition when the job already finished."""
     jobs = JobStore(r)
     rec = jobs.get(job_id)
+    if owner is not None and rec.owner != owner:
+        raise JobNotFound(job_id)
     if rec.state.terminal:
         raise IllegalTransition(job_id, rec.state.value, JobState.cancelled.value)
     rec = jobs.cancel(job_id)

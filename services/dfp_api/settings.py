@@ -17,8 +17,8 @@ class ApiSettings(CommonSettings):
     )
     api_keys: str | None = Field(
         None,
-        description='API keys: a JSON/YAML list of {"name", "sha256", "scopes": ["read","write"]}, '
-        "or the path of a file holding it (a mounted Secret).",
+        description='API keys: a JSON/YAML list of {"name", "sha256", "scopes": ["read","write","admin"], '
+        '"expires_at"?}, or the path of a file holding it (a mounted Secret; re-read when it changes).',
     )
     rate_limit_per_s: float = Field(
         50.0, ge=0, description="Requests per second each API key may make on average; 0 turns rate limits off."
@@ -31,6 +31,9 @@ class ApiSettings(CommonSettings):
         3600.0, gt=0, description="Seconds after which an event stream closes (clients resume with Last-Event-ID)."
     )
     max_page_size: int = Field(500, ge=1, le=10_000, description="Largest page GET /v1/jobs returns.")
+    max_body_bytes: int = Field(
+        1024 * 1024, ge=1024, le=1024 ** 3,
+        description="Largest request body accepted, in bytes; a larger one is a 413 before it is read.")
     access_log: bool = Field(False, description="Log every HTTP request (uvicorn access log).")
 
     @field_validator("api_keys")

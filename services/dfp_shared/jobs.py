@@ -122,6 +122,18 @@ redis.call('HINCRBYFLOAT', KEYS[2], 'tasks', 1)
 return 1
 """
 
+_READ_WITHOUT_SPEC = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local rec, kept = redis.call('HGETALL', key), {}
+  for j = 1, #rec, 2 do
+    if rec[j] ~= 'spec' then kept[#kept + 1] = rec[j]; kept[#kept + 1] = rec[j + 1] end
+  end
+  out[i] = {kept, redis.call('HGETALL', key .. ':counters'), redis.call('HGETALL', key .. ':totals')}
+end
+return out
+"""
+
 
 class JobStore:
     """Create, read, list and move jobs through their state machine; count progress."""
@@ -130,6 +142,7 @@ class JobStore:
         self.r = client
         self._transition = client.register_script(_TRANSITION)
         self._complete = client.register_script(_COMPLETE_TASK)
+        self._read_without_spec = client.register_script(_READ_WITHOUT_SPEC)
 
     @staticmethod
     def _key(job_id: str) -> str:
@@ -186,16 +199,24 @@ class JobStore:
             owner=rec.get("owner"),
         )
 
-    def list(self, *, state: str | None = None, job_type: str | None = None, offset: int = 0,
-             limit: int = 50) -> tuple[list[JobRecord], int]:
-        """Newest first, filtered; returns (page, total matching)."""
+    def list(self, *, state: str | None = None, job_type: str | None = None, owner: str | None = None,
+             offset: int = 0, limit: int = 50, spec: bool = True) -> tuple[list[JobRecord], int]:
+        """Newest first, filtered (``owner``: only that principal's jobs); returns (page, total matching).
+        With ``spec=False`` the page's records are read in one call without their specs (left ``{}``)."""
         ids = self.r.zrevrange("dfp:jobs", 0, -1)
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hmget(self._key(job_id), "state", "type")
-        matching = [job_id for job_id, (st, ty) in zip(ids, pipe.execute())
-                    if st is not None and (state is None or st == state) and (job_type is None or ty == job_type)]
+            pipe.hmget(self._key(job_id), "state", "type", "owner")
+        matching = [job_id for job_id, (st, ty, ow) in zip(ids, pipe.execute())
+                    if st is not None and (state is None or st == state) and (job_type is None or ty == job_type)
+                    and (owner is None or ow == owner)]
         page = []
+        if not spec:
+            chosen = matching[offset:offset + limit]
+            rows = self._read_without_spec(keys=[self._key(job_id) for job_id in chosen]) if chosen else []
+            pairs = lambda flat: dict(zip(flat[::2], flat[1::2]))  # noqa: E731
+            return [self._record(pairs(rec), pairs(counters), pairs(totals))
+                    for rec, counters, totals in rows if rec], len(matching)
         for job_id in matching[offset:offset + limit]:
             try:
                 page.append(self.get(job_id))

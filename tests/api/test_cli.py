@@ -59,17 +59,20 @@ def test_client_commands_against_the_server(server, redis_client, encoders, qwen
     job = json.loads(made.stdout)
     assert job["state"] == "queued" and job["spec"]["temperature"] == 0.0 and job["spec"]["model"] == "/models/tiny"
 
-    listed = cli(url, READ_KEY, "jobs", "--json", "--type", "generate")
+    listed = cli(url, WRITE_KEY, "jobs", "--json", "--type", "generate")
     assert [j["id"] for j in json.loads(listed.stdout)["items"]] == [job["id"]]
-    shown = cli(url, READ_KEY, "status", job["id"])
+    assert json.loads(cli(url, READ_KEY, "jobs", "--json").stdout)["items"] == []  # another key's job
+    shown = cli(url, WRITE_KEY, "status", job["id"])
     assert shown.returncode == 0 and job["id"] in shown.stdout and "queued" in shown.stdout
+    hidden = cli(url, READ_KEY, "status", job["id"])
+    assert hidden.returncode == 1 and "404" in hidden.stderr
 
     denied = cli(url, READ_KEY, "cancel", job["id"])
     assert denied.returncode == 1 and "403" in denied.stderr
     assert "cancelled" in cli(url, WRITE_KEY, "cancel", job["id"]).stdout
     again = cli(url, WRITE_KEY, "cancel", job["id"])
     assert again.returncode == 1 and "409" in again.stderr
-    watched = cli(url, READ_KEY, "status", job["id"], "--watch")
+    watched = cli(url, WRITE_KEY, "status", job["id"], "--watch")
     assert watched.returncode == 1 and "cancelled" in watched.stdout
 
     bad = cli(url, WRITE_KEY, "submit", "tokenize", "--input", "s3://b/../x", "--output", "ftp://h/x",

@@ -12,8 +12,13 @@ from ._names import endpoint_name, refuse_removed
 OpenAIEndpointName = endpoint_name("OpenAI-compatible endpoint")
 
 
+# the engine/model rule of _engine_needs, stated in the schema: engine unset or transformers needs a model
+_MODEL_NEEDED = {"if": {"properties": {"engine": {"const": "transformers"}}},
+                 "then": {"required": ["model"], "properties": {"model": {"type": "string", "minLength": 1}}}}
+
+
 class GenerateSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_MODEL_NEEDED)
 
     prompts: StorageUri = Field(description="Prompt set: a JSONL file or a prefix of JSONL files.")
     output: StorageUri | None = Field(

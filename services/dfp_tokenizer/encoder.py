@@ -5,6 +5,10 @@ character spans to train, tokenizes a whole batch of rendered texts with one ``e
 call of the Rust tokenizer (no special tokens added: the template prints them), and turns the
 character spans into a token mask with ``char_to_token`` at the span ends. A token is trained if
 any character of it is in a trained span.
+
+Each record's rendering runs under the operator's budget (:mod:`.render_budget`): over it, the
+record is a bad line (``template_budget``). A batch the tokenizer refuses as a whole is tokenized
+again one record at a time, so that only the record it refuses is lost.
 """
 
 from __future__ import annotations
@@ -15,8 +19,12 @@ from types import SimpleNamespace
 import numpy as np
 from dfp_shared.specs.tokenize import TokenizeSpec
 from dfp_shared.tokenizer_assets import chat_template_fingerprint, tokenizer_fingerprint
+from jinja2 import TemplateError
 
-from .records import NO_TRAINABLE_TOKENS, TOO_LONG, Sample, SampleError
+from . import records as R
+from .limits import EncodeLimits, TemplateUnavailable
+from .records import Sample, SampleError
+from .render_budget import BudgetExceeded, run_within
 from .template_spans import TemplateLocator
 
 
@@ -41,21 +49,45 @@ class Encoded:
 class SampleEncoder:
     """One tokenizer + one chat template + the job's masking options."""
 
-    def __init__(self, tokenizer, spec: TokenizeSpec):
+    def __init__(self, tokenizer, spec: TokenizeSpec, limits: EncodeLimits | None = None):
         self.spec = spec
+        self.limits = limits or EncodeLimits()
         self.backend = tokenizer.backend_tokenizer
-        template = spec.chat_template or tokenizer.chat_template
+        template = self.limits.resolve_template(spec.chat_template) or tokenizer.chat_template
         if isinstance(template, dict):
             template = template.get("default") or next(iter(template.values()))
         specials = [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]
-        self.locator = TemplateLocator(template or "", dict(tokenizer.special_tokens_map), specials,
-                                       thinking=spec.thinking, template_kwargs=spec.template_kwargs)
+        origin = "the job's chat_template" if spec.chat_template else "the tokenizer's chat template"
+        try:
+            self.locator = self._within_budget(
+                TemplateLocator, template or "", dict(tokenizer.special_tokens_map), specials,
+                thinking=spec.thinking, template_kwargs=spec.template_kwargs,
+                max_chars=self.limits.max_rendered_chars)
+        except TemplateError as exc:
+            raise TemplateUnavailable(f"{origin} does not compile: {R.short_detail(str(exc))}") from None
+        except BudgetExceeded as exc:
+            raise TemplateUnavailable(f"{origin} is over its render budget on a probe conversation: {exc} "
+                                      f"(chat_template budget: {self.limits.template_timeout_s:g} s, "
+                                      f"{self.limits.template_memory_bytes // 2**20} MiB)") from None
         self.tokenizer_fingerprint = tokenizer_fingerprint(tokenizer)
         self.chat_template_fingerprint = chat_template_fingerprint(SimpleNamespace(chat_template=template))
 
-    def prepare(self, sample: Sample) -> Prepared:
-        """Render and locate; raises :class:`SampleError` (template errors, nothing to train)."""
-        text, turns = self.locator.locate(sample.messages)
+    def _within_budget(self, fn, *args, check=None, **kwargs):
+        return run_within(lambda: fn(*args, **kwargs), seconds=self.limits.template_timeout_s,
+                          memory_bytes=self.limits.template_memory_bytes, check=check)
+
+    def prepare(self, sample: Sample, check=None) -> Prepared:
+        """Render and locate within the budget; raises :class:`SampleError` (template errors, over
+        budget, nothing to train), or what ``check`` raised if it stopped the render."""
+        try:
+            text, turns = self._within_budget(self.locator.locate, sample.messages, check=check)
+        except BudgetExceeded as exc:
+            raise SampleError(R.TEMPLATE_BUDGET, f"chat template {exc}", sample.id) from None
+        except SampleError as exc:
+            exc.sample_id = exc.sample_id or sample.id
+            raise
+        except (RecursionError, MemoryError) as exc:
+            raise SampleError(R.TEMPLATE_ERROR, f"chat template failed: {type(exc).__name__}", sample.id) from None
         if self.spec.train_turns == "last":
             last = max((i for i, m in enumerate(sample.messages) if m["role"] == "assistant"), default=None)
             turns = [t for t in turns if t.message_index == last]
@@ -67,7 +99,7 @@ class SampleEncoder:
             if t.gen_end > start:
                 spans.append((start, t.gen_end))
         if not spans:
-            raise SampleError(NO_TRAINABLE_TOKENS, "no assistant text to train after applying the chat template",
+            raise SampleError(R.NO_TRAINABLE_TOKENS, "no assistant text to train after applying the chat template",
                               sample.id)
         return Prepared(sample.id, text, spans)
 
@@ -75,14 +107,20 @@ class SampleEncoder:
         """Tokenize a batch at once; over-long samples are dropped or cut per the spec."""
         if not batch:
             return []
-        encodings = self.backend.encode_batch([p.text for p in batch], add_special_tokens=False)
+        try:
+            encodings = self.backend.encode_batch([p.text for p in batch], add_special_tokens=False)
+        except Exception:  # noqa: BLE001 - one record refused: find it, keep the others
+            encodings = [self._encode_one(p) for p in batch]
         out: list[Encoded | SampleError] = []
         limit = self.spec.max_length
         for p, enc in zip(batch, encodings):
+            if isinstance(enc, SampleError):
+                out.append(enc)
+                continue
             ids = np.asarray(enc.ids, dtype=np.int32)
             n = len(ids)
             if limit and n > limit and self.spec.truncation == "drop":
-                out.append(SampleError(TOO_LONG, f"{n} tokens > max_length {limit}", p.sample_id))
+                out.append(SampleError(R.TOO_LONG, f"{n} tokens > max_length {limit}", p.sample_id))
                 continue
             mask = np.zeros(n, dtype=np.uint8)
             for a, b in p.spans:
@@ -93,11 +131,24 @@ class SampleEncoder:
             if limit and n > limit:
                 ids, mask, truncated = ids[:limit], mask[:limit], True
             if not mask.any():
-                out.append(SampleError(NO_TRAINABLE_TOKENS, "no trained token left" + (
+                out.append(SampleError(R.NO_TRAINABLE_TOKENS, "no trained token left" + (
                     f" in the first {limit} tokens" if truncated else ""), p.sample_id))
                 continue
             out.append(Encoded(p.sample_id, ids, mask, truncated))
         return out
+
+
+    def _encode_one(self, p: Prepared):
+        try:
+            return self.backend.encode(p.text, add_special_tokens=False)
+        except Exception as exc:  # noqa: BLE001 - this record's failure only
+            try:
+                p.text.encode("utf-8")
+            except UnicodeEncodeError as bad:
+                code = ord(p.text[bad.start])
+                return SampleError(R.INVALID_UNICODE, f"the text holds a lone surrogate U+{code:04X} at character "
+                                                    f"{bad.start}: not valid Unicode", p.sample_id)
+            return SampleError(R.TOKENIZER_ERROR, f"the tokenizer failed: {type(exc).__name__}", p.sample_id)
 
 
 def _token_at(enc, pos: int, stop: int, step: int) -> int | None:

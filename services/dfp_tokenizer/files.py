@@ -9,22 +9,28 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import re
+import time
 import zlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 from dfp_shared.token_shards import encode_shard, shard_entry
+from dfp_shared.worker import TaskCancelled, TaskReleased
 
 from .encoder import Encoded, Prepared, SampleEncoder
-from .records import SampleError, parse_line
+from .limits import DEFAULT_MAX_LINE_BYTES
+from .records import LINE_TOO_LONG, TEMPLATE_ERROR, SampleError, parse_line, short_detail
 
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".ndjson")
 # sample length histogram: bucket i counts lengths in [EDGES[i], EDGES[i+1])
 HIST_EDGES = [0] + [2**k for k in range(5, 18)] + [2**62]
+CHECK_S = 1.0
+ID_CHARS = 200
 
 
 class FileUnreadable(Exception):
@@ -42,13 +48,38 @@ def shard_name(rel_key: str) -> str:
     return f"{stem}-{hashlib.sha1(rel_key.encode()).hexdigest()[:8]}"
 
 
-def read_lines(data: bytes, uri: str) -> list[bytes]:
+def read_lines(data: bytes, uri: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[int, bytes | None]]:
+    """``(line number, line)`` of every line; ``None`` for a line longer than ``max_line_bytes``,
+    which is skipped without being copied (or, compressed, without being decompressed whole)."""
     if uri.endswith(".gz") or data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise FileUnreadable(f"{uri}: not a readable gzip file ({exc})") from None
-    return data.split(b"\n")
+        yield from _gzip_lines(data, uri, max_line_bytes)
+        return
+    pos, n, lineno = 0, len(data), 0
+    while pos <= n:
+        end = data.find(b"\n", pos)
+        end = n if end < 0 else end
+        lineno += 1
+        yield lineno, (data[pos:end] if end - pos <= max_line_bytes else None)
+        pos = end + 1
+
+
+def _gzip_lines(data: bytes, uri: str, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    lineno = 0
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+            while True:
+                line = f.readline(max_line_bytes + 1)
+                if not line:
+                    return
+                lineno += 1
+                if len(line) <= max_line_bytes or (len(line) == max_line_bytes + 1 and line.endswith(b"\n")):
+                    yield lineno, line.rstrip(b"\n")
+                    continue
+                while line and not line.endswith(b"\n"):  # the rest of an over-long line, in pieces
+                    line = f.readline(1 << 20)
+                yield lineno, None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise FileUnreadable(f"{uri}: not a readable gzip file ({exc})") from None
 
 
 @dataclass
@@ -82,7 +113,9 @@ def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder,
     """Tokenize every line of one input file (bytes) into one shard.
 
     ``id_prefix`` names samples without an ``id`` (``<id_prefix>:<line>``); ``check`` is called
-    between batches (raises to abandon the file, e.g. on cancel).
+    between batches, at least every ``CHECK_S`` between records, and by the render watchdog during a
+    render (raises to abandon the file, e.g. on cancel). Whatever goes wrong with one record makes it
+    a bad line; only an unreadable file (or ``check``) ends the call early.
     """
     stats = FileStats()
     errors: list[dict] = []
@@ -92,13 +125,16 @@ def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder,
     lengths: list[int] = []
     batch: list[Prepared] = []
     batch_lines: list[int] = []
+    batch_chars = 0
 
     def bad(lineno: int, exc: SampleError) -> None:
         stats.errors[exc.reason] += 1
-        errors.append({"file": uri, "line": lineno, "reason": exc.reason, "detail": exc.detail,
-                       **({"id": exc.sample_id} if exc.sample_id else {})})
+        errors.append({"file": uri, "line": lineno, "reason": exc.reason, "detail": short_detail(exc.detail),
+                       **({"id": exc.sample_id[:ID_CHARS]} if exc.sample_id else {})})
 
     def flush() -> None:
+        nonlocal batch_chars
+        batch_chars = 0
         for lineno, res in zip(batch_lines, encoder.encode(batch)):
             if isinstance(res, SampleError):
                 bad(lineno, res)
@@ -117,19 +153,34 @@ def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder,
         stats.trained_tokens += int(res.mask.sum())
         stats.truncated += int(res.truncated)
 
-    for lineno, line in enumerate(read_lines(data, uri), start=1):
+    max_line, max_chars = encoder.limits.max_line_bytes, encoder.limits.max_batch_chars
+    checked = time.monotonic()
+    for lineno, line in read_lines(data, uri, max_line):
+        if line is None:
+            stats.lines += 1
+            bad(lineno, SampleError(LINE_TOO_LONG, f"line longer than the limit of {max_line} bytes"))
+            continue
         if not line.strip():
             continue
         stats.lines += 1
+        sample = None
         try:
             sample = parse_line(line, f"{id_prefix}:{lineno}")
-            batch.append(encoder.prepare(sample))
+            batch.append(encoder.prepare(sample, check=check))
             batch_lines.append(lineno)
+            batch_chars += len(batch[-1].text)
         except SampleError as exc:
             bad(lineno, exc)
-            continue
-        if len(batch) >= encoder.spec.samples_per_batch:
+        except (TaskCancelled, TaskReleased):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one record's failure, whatever it is, is one bad line
+            bad(lineno, SampleError(TEMPLATE_ERROR, f"{type(exc).__name__}: {exc}", sample.id if sample else None))
+        if len(batch) >= encoder.spec.samples_per_batch or batch_chars >= max_chars:
             flush()
+            checked = time.monotonic()
+        elif check and time.monotonic() - checked > CHECK_S:
+            check()
+            checked = time.monotonic()
     flush()
 
     stats.samples = len(ids_out)

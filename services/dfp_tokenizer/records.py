@@ -39,6 +39,25 @@ TOO_LONG = "too_long"
 NO_TRAINABLE_TOKENS = "no_trainable_tokens"
 TEMPLATE_ERROR = "template_error"
 TEMPLATE_ALIGNMENT = "template_alignment"
+TEMPLATE_BUDGET = "template_budget"
+LINE_TOO_LONG = "line_too_long"
+INVALID_UNICODE = "invalid_unicode"
+TOKENIZER_ERROR = "tokenizer_error"
+
+EXCERPT_CHARS = 16
+DETAIL_CHARS = 200
+
+
+def excerpt(value) -> str:
+    """A short, printable excerpt of a value from the input (bad lines are never quoted at length)."""
+    text = value if isinstance(value, str) else type(value).__name__
+    short = text[:EXCERPT_CHARS]
+    return ascii(short)[:-1] + ("...'" if len(text) > EXCERPT_CHARS else "'")
+
+
+def short_detail(text: str) -> str:
+    """An error message cut to ``DETAIL_CHARS`` (messages may carry input text)."""
+    return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 3] + "..."
 
 
 class SampleError(ValueError):
@@ -71,7 +90,10 @@ def _text(value, where: str) -> str:
             elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
                 parts.append(part["text"])
             else:
-                raise SampleError(BAD_MESSAGE, f"{where}: only text content parts are supported, got {str(part)[:80]!r}")
+                kind = part.get("type") if isinstance(part, dict) else None
+                raise SampleError(BAD_MESSAGE, f"{where}: only text content parts are supported, got "
+                                               + (f"a part of type {excerpt(kind)}" if kind is not None
+                                                  else f"a {type(part).__name__}"))
         return "".join(parts)
     raise SampleError(BAD_MESSAGE, f"{where}: content must be a string or a list of text parts, got {type(value).__name__}")
 
@@ -94,7 +116,7 @@ def normalise_message(raw, index: int) -> dict:
         raise SampleError(BAD_MESSAGE, f"{where}: no 'role' (or 'from') field")
     role = ROLE_ALIASES.get(role_raw.strip().lower())
     if role is None:
-        raise SampleError(UNKNOWN_ROLE, f"{where}: unknown role {role_raw!r}")
+        raise SampleError(UNKNOWN_ROLE, f"{where}: unknown role {excerpt(role_raw)}")
     content = _text(raw["content"] if "content" in raw else raw.get("value"), where)
     reasoning = None
     for name in REASONING_FIELDS:
@@ -114,8 +136,10 @@ def parse_line(line: bytes | str, default_id: str) -> Sample:
     """Parse one JSONL line into a :class:`Sample` (raises :class:`SampleError`)."""
     try:
         obj = json.loads(line)
+    except RecursionError:
+        raise SampleError(MALFORMED_JSON, "JSON nested too deeply to parse") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise SampleError(MALFORMED_JSON, f"not valid JSON ({exc})") from None
+        raise SampleError(MALFORMED_JSON, f"not valid JSON ({short_detail(str(exc))})") from None
     if not isinstance(obj, dict):
         raise SampleError(NOT_AN_OBJECT, f"expected a JSON object, got {type(obj).__name__}")
     sid = obj.get("id")
@@ -132,6 +156,8 @@ def parse_line(line: bytes | str, default_id: str) -> Sample:
     except SampleError as exc:
         exc.sample_id = sid
         raise
+    except (RecursionError, ValueError, TypeError, AttributeError) as exc:
+        raise SampleError(BAD_MESSAGE, f"cannot read the messages ({type(exc).__name__})", sid) from None
     if not any(m["role"] == "assistant" for m in messages):
         raise SampleError(NO_ASSISTANT_TURN, "the conversation has no assistant turn", sid)
     return Sample(sid, messages)

@@ -32,7 +32,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from .records import TEMPLATE_ALIGNMENT, TEMPLATE_ERROR, SampleError
+from .records import TEMPLATE_ALIGNMENT, TEMPLATE_BUDGET, TEMPLATE_ERROR, SampleError, short_detail
 
 MARKER_CHARS = [("\ue000", "\ue001"), ("\uf8f0", "\uf8f1"), ("\U000f0000", "\U000f0001")]
 PROBE = "\ue002probe\ue003"
@@ -100,9 +100,10 @@ class TemplateLocator:
     """Renders conversations with one chat template and finds each assistant turn's spans."""
 
     def __init__(self, template: str, special_tokens: dict[str, str], special_token_texts: list[str], *,
-                 thinking: bool = True, template_kwargs: dict | None = None):
+                 thinking: bool = True, template_kwargs: dict | None = None, max_chars: int | None = None):
         if not template:
             raise ValueError("the tokenizer has no chat template (set the job's chat_template)")
+        self.max_chars = max_chars
         self.compiled = _compile(template)
         self.variables = {**special_tokens, **(template_kwargs or {}), "enable_thinking": thinking}
         self.thinking = thinking
@@ -168,7 +169,10 @@ class TemplateLocator:
         try:
             text = self.render(self.template_messages(messages))
         except Exception as exc:  # noqa: BLE001 - template raise_exception() and friends
-            raise SampleError(TEMPLATE_ERROR, f"chat template failed: {exc}") from None
+            raise SampleError(TEMPLATE_ERROR, f"chat template failed: {short_detail(str(exc))}") from None
+        if self.max_chars is not None and len(text) > self.max_chars:
+            raise SampleError(TEMPLATE_BUDGET, f"chat template rendered {len(text)} characters, over the limit of "
+                                               f"{self.max_chars}")
         tool_names = (True, False) if any(m.get("tool_calls") for m in messages) else (False,)
         for names in tool_names:
             for only_assistant, strict in ((False, True), (True, True), (True, False)):

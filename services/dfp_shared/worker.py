@@ -61,12 +61,16 @@ class TaskContext:
     task: Task
     stopping: threading.Event
     extras: dict = field(default_factory=dict)
+    abort: threading.Event | None = None
 
     def cancelled(self) -> bool:
         return self.jobs.is_cancelled(self.task.job_id)
 
     def check(self) -> None:
-        """Raise if the job was cancelled (call between units of work)."""
+        """Raise if the worker was aborted (a second signal; in any thread) or the job was cancelled
+        (call between units of work)."""
+        if self.abort is not None and self.abort.is_set():
+            raise WorkerAborted()
         if self.cancelled():
             raise TaskCancelled(self.task.job_id)
 
@@ -324,7 +328,7 @@ class Worker:
         self._ensure_heartbeat()
         start = time.monotonic()
         try:
-            self.handler(task, TaskContext(self.queue, self.jobs, task, self.stopping))
+            self.handler(task, TaskContext(self.queue, self.jobs, task, self.stopping, abort=self.abort))
         except TaskCancelled:
             self._cancel_flags[task.job_id] = True
             self._ack(task, "cancelled")

@@ -23,6 +23,7 @@ from dfp_shared.queue import TaskQueue
 from dfp_shared.redis_conn import connect
 from dfp_shared.storage_roots import StorageRoots
 
+from .limits import EncodeLimits
 from .settings import TokenizerSettings
 from .tasks import KIND, EncoderCache, TokenizeHandler, TokenizeWorker
 
@@ -36,8 +37,8 @@ def run_process(settings: TokenizerSettings, *, idle_exit_s: float | None = None
     r = connect(settings.redis_url)
     queue = TaskQueue(r, KIND, lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
     jobs = JobStore(r)
-    handler = TokenizeHandler(r, EncoderCache(settings.s3_endpoint_url, settings.cache_dir), settings.s3_endpoint_url,
-                              StorageRoots.from_settings(settings))
+    encoders = EncoderCache(settings.s3_endpoint_url, settings.cache_dir, EncodeLimits.from_settings(settings))
+    handler = TokenizeHandler(r, encoders, settings.s3_endpoint_url, StorageRoots.from_settings(settings))
     host = socket.gethostname()
     workers = [TokenizeWorker(queue, jobs, handler, consumer=f"{host}-{os.getpid()}-{t}") for t in range(settings.threads)]
     stopping = threading.Event()

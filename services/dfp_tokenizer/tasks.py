@@ -33,6 +33,7 @@ from prometheus_client import Counter
 
 from .encoder import SampleEncoder
 from .files import HIST_EDGES, INPUT_SUFFIXES, errors_jsonl, shard_name, tokenize_file
+from .limits import EncodeLimits, TemplateUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 class EncoderCache:
     """Tokenizers and encoders of this process, loaded once on first use (after fork)."""
 
-    def __init__(self, endpoint_url: str | None = None, cache_dir: str | None = None):
+    def __init__(self, endpoint_url: str | None = None, cache_dir: str | None = None,
+                 limits: EncodeLimits | None = None):
         self.endpoint_url = endpoint_url
+        self.limits = limits or EncodeLimits()
         self.cache_dir = (Path(cache_dir) if cache_dir else default_cache_dir()) / "tokenizers"
         self._tokenizers: dict[str, object] = {}
         self._encoders: dict[str, SampleEncoder] = {}
@@ -80,7 +83,7 @@ class EncoderCache:
                         self._tokenizers[spec.tokenizer] = load_tokenizer(path)
                     except Exception as exc:  # noqa: BLE001 - name the directory in the error
                         raise ValueError(f"{spec.tokenizer}: cannot load the tokenizer ({type(exc).__name__}: {exc})") from None
-                self._encoders[key] = SampleEncoder(self._tokenizers[spec.tokenizer], spec)
+                self._encoders[key] = SampleEncoder(self._tokenizers[spec.tokenizer], spec, self.limits)
             return self._encoders[key]
 
 
@@ -128,7 +131,11 @@ class TokenizeHandler:
             finish_job(self.r, task.job_id, "failed",
                        error=f"no input files ({', '.join(INPUT_SUFFIXES)}) under {spec.input}")
             return
-        self.encoders.encoder(spec)  # fail early on a tokenizer that does not load or has no template
+        try:  # fail early on a tokenizer that does not load or has no template
+            self.encoders.encoder(spec)
+        except TemplateUnavailable as exc:  # the same on every delivery: fail the job at once
+            finish_job(self.r, task.job_id, "failed", error=str(exc))
+            return
         files = [{"file": uri, "rel": rel, "name": shard_name(rel)} for uri, rel in inputs]
         names = [f["name"] for f in files]
         if len(set(names)) != len(names):

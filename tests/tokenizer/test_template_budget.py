@@ -1,0 +1,149 @@
+"""Chat templates cannot hang a worker: a runaway render is a counted bad line, a template that runs
+away on every conversation fails its job clearly, cancel and a second SIGTERM stop a render in hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+from dfp_shared.jobs import JobStore
+from dfp_shared.queue import GROUP, TaskQueue, stream_name
+from dfp_shared.submit import submit_job
+from dfp_shared.worker import Worker
+from dfp_tokenizer.limits import EncodeLimits
+from dfp_tokenizer.tasks import KIND, EncoderCache, TokenizeHandler
+
+from tests.support.cli import cli_cmd, cli_env
+
+from .conftest import LLAMA_STYLE_TEMPLATE
+from .corpus import records
+
+SPIN = "{%- for i in range(100000) %}{%- for j in range(100000) %}{%- endfor %}{%- endfor %}"
+# spins on a conversation whose first message says HANG; the probe conversations render normally
+HANG_ON_MARK = "{%- if 'HANG' in messages[0]['content'] %}" + SPIN + "{%- endif %}" + LLAMA_STYLE_TEMPLATE
+HANG_ALWAYS = SPIN + LLAMA_STYLE_TEMPLATE
+
+
+def hang_record(i: int) -> dict:
+    return {"id": f"hang{i}", "messages": [{"role": "user", "content": "HANG please"},
+                                           {"role": "assistant", "content": "never rendered"}]}
+
+
+def write_input(tmp_path, recs: list[dict]):
+    inp = tmp_path / "in"
+    inp.mkdir(exist_ok=True)
+    (inp / "f.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return inp
+
+
+def worker_for(r, limits: EncodeLimits, lease_ms: int = 3000) -> Worker:
+    queue = TaskQueue(r, KIND, lease_ms=lease_ms, max_deliveries=3)
+    return Worker(queue, JobStore(r), TokenizeHandler(r, EncoderCache(limits=limits)), block_ms=100)
+
+
+@pytest.mark.timeout(120)
+def test_runaway_render_is_a_counted_bad_line(redis_client, tmp_path, llama_style_tokenizer_dir):
+    recs = records(6, seed=3)
+    inp = write_input(tmp_path, recs[:3] + [hang_record(0)] + recs[3:] + [hang_record(1)])
+    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
+                                                   "tokenizer": str(llama_style_tokenizer_dir),
+                                                   "chat_template": HANG_ON_MARK})
+    t0 = time.monotonic()
+    worker_for(redis_client, EncodeLimits(template_timeout_s=0.5)).run(idle_exit_s=1.0)
+    assert time.monotonic() - t0 < 60
+    rec = JobStore(redis_client).get(job.id)
+    assert rec.state.value == "succeeded", rec.error
+    assert rec.counters["samples"] == 6 and rec.counters["bad_lines"] == 2
+    errors = [json.loads(x) for x in next((tmp_path / "out" / "errors").iterdir()).read_text().splitlines()]
+    assert [(e["line"], e["reason"], e["id"]) for e in errors] == [(4, "template_budget", "hang0"),
+                                                                   (8, "template_budget", "hang1")]
+    assert "0.5 s" in errors[0]["detail"]
+
+
+@pytest.mark.timeout(120)
+def test_a_template_that_always_runs_away_fails_the_job_clearly(redis_client, tmp_path, llama_style_tokenizer_dir):
+    inp = write_input(tmp_path, records(3, seed=1))
+    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
+                                                   "tokenizer": str(llama_style_tokenizer_dir),
+                                                   "chat_template": HANG_ALWAYS})
+    t0 = time.monotonic()
+    worker_for(redis_client, EncodeLimits(template_timeout_s=0.5)).run(idle_exit_s=1.0)
+    assert time.monotonic() - t0 < 60
+    rec = JobStore(redis_client).get(job.id)
+    assert rec.state.value == "failed"
+    assert "chat_template" in rec.error and "budget" in rec.error, rec.error
+    assert TaskQueue(redis_client, KIND).dead_letters() == []  # failed at once, not after retries
+
+
+def file_task_pending(r) -> dict | None:
+    for row in r.xpending_range(stream_name(KIND), GROUP, "-", "+", 50):
+        fields = r.xrange(stream_name(KIND), row["message_id"], row["message_id"])
+        if fields and fields[0][1].get("key", "").endswith(".jsonl"):
+            return row
+    return None
+
+
+def wait_for(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.timeout(120)
+def test_cancel_stops_a_render_in_hand_within_seconds(redis_client, tmp_path, llama_style_tokenizer_dir):
+    inp = write_input(tmp_path, [hang_record(0)] + records(2, seed=2))
+    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
+                                                   "tokenizer": str(llama_style_tokenizer_dir),
+                                                   "chat_template": HANG_ON_MARK})
+    # a budget far beyond the test: only the cancel can end this render
+    worker = worker_for(redis_client, EncodeLimits(template_timeout_s=3600), lease_ms=1500)
+    thread = threading.Thread(target=worker.run, kwargs={"idle_exit_s": 1.0}, daemon=True)  # as in the pool
+    thread.start()
+    wait_for(lambda: file_task_pending(redis_client), 60, "the file task to be claimed")
+    time.sleep(1.0)  # well inside the render now
+    JobStore(redis_client).cancel(job.id)
+    t0 = time.monotonic()
+    wait_for(lambda: file_task_pending(redis_client) is None, 10, "the cancelled task to be given up")
+    thread.join(15)
+    assert not thread.is_alive() and time.monotonic() - t0 < 20
+    assert JobStore(redis_client).get(job.id).state.value == "cancelled"
+
+
+@pytest.mark.timeout(180)
+def test_second_sigterm_stops_a_worker_rendering_a_runaway_template(redis_server, redis_client, tmp_path,
+                                                                   llama_style_tokenizer_dir):
+    inp = write_input(tmp_path, [hang_record(0)])
+    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
+                                                   "tokenizer": str(llama_style_tokenizer_dir),
+                                                   "chat_template": HANG_ON_MARK})
+    env = cli_env(DFLASH_REDIS_URL=redis_server.url, DFLASH_LEASE_MS="60000", DFLASH_TEMPLATE_TIMEOUT_S="3600",
+                  DFLASH_LOG_LEVEL="WARNING", DFLASH_CACHE_DIR=str(tmp_path / "cache"))
+    log = open(tmp_path / "worker.log", "wb")
+    proc = subprocess.Popen(cli_cmd("tokenizer", "worker", "--processes", "1", "--threads", "2"), env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: file_task_pending(redis_client), 90, "the file task to be claimed")
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        proc.wait(15)
+        assert time.monotonic() - t0 < 10, (tmp_path / "worker.log").read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    row = file_task_pending(redis_client)
+    assert row is not None and row["time_since_delivered"] >= 60000  # given back: reclaimable at once
+    assert JobStore(redis_client).get(job.id).state.value == "running"

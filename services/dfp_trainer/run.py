@@ -42,10 +42,14 @@ def run_local(spec: TrainSpec, settings: TrainerSettings, *, job_id: str | None 
     """Train in this process (one rank of a torchrun group, or alone); returns the TrainResult."""
     from .distributed import init_distributed, shutdown
     from .progress import job_hooks
-    from .train import RunOptions, train
+    from .train import RunOptions, TrainError, train
 
+    try:  # only a source the operator configured: a spec names it, never an address
+        target_url = settings.target_address(spec.target_endpoint)
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
     info = init_distributed(settings.device)
-    opts = RunOptions(target_url=spec.target_url or settings.target_url, endpoint_url=settings.s3_endpoint_url,
+    opts = RunOptions(target_url=target_url, endpoint_url=settings.s3_endpoint_url,
                       fetch_inflight=settings.fetch_inflight, prefetch_batches=settings.prefetch_batches,
                       resume=resume, progress_every_s=settings.progress_every_s, work_dir=settings.work_dir)
     hooks = job_hooks(settings.redis_url if job_id else None, job_id, stop, extra_stop)

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
 from dfp_shared.config import CommonSettings
-from pydantic import Field
+from dfp_shared.specs._names import is_endpoint_name
+from pydantic import Field, field_validator
+
+DEFAULT_TARGET = "default"
 
 
 class TrainerSettings(CommonSettings):
-    target_url: str = Field("inprocess", description="Hidden states from `inprocess` (target loaded here) or gRPC "
-                                                     "address(es), comma-separated.")
+    target_url: str = Field("inprocess", min_length=1,
+                            description="The hidden-state source named `default`: `inprocess` (target loaded here) or "
+                                        "gRPC address(es), comma-separated.")
+    target_endpoints: str = Field(
+        "", description="Further hidden-state sources a train spec may choose by name (`target_endpoint`), as a JSON "
+                        "object name -> `inprocess` or gRPC address(es); a spec can name no other address.")
     device: str = Field("auto", description="Training device: auto, cpu, cuda or cuda:N.")
     nproc_per_node: int = Field(1, ge=1, description="Training processes per pod; >1 spawns torchrun children.")
     fetch_inflight: int = Field(4, ge=1, description="Hidden-state requests kept in flight per rank.")
@@ -23,6 +31,46 @@ class TrainerSettings(CommonSettings):
                                           "files); created if missing. Empty: the system temporary directory.")
     torchrun_args: str = Field("", description="Extra torchrun flags for multi-pod runs (e.g. --nnodes 2 "
                                                "--rdzv-endpoint host:29400); empty: --standalone.")
+
+    @field_validator("target_endpoints")
+    @classmethod
+    def _target_endpoints(cls, value: str) -> str:
+        parse_target_endpoints(value)
+        return value
+
+    def target_endpoint_map(self) -> dict[str, str]:
+        """Every hidden-state source a job may name: ``default`` (DFLASH_TARGET_URL) and DFLASH_TARGET_ENDPOINTS."""
+        return {DEFAULT_TARGET: self.target_url, **parse_target_endpoints(self.target_endpoints)}
+
+    def target_address(self, name: str | None) -> str:
+        """The address of the source a job names (unset: ``default``); ValueError lists the configured names."""
+        targets = self.target_endpoint_map()
+        name = name or DEFAULT_TARGET
+        if name not in targets:
+            names = ", ".join(repr(n) for n in targets)
+            raise ValueError(f"target_endpoint {name!r} is not configured on this trainer; configured: {names} "
+                             "(DFLASH_TARGET_URL is 'default', DFLASH_TARGET_ENDPOINTS the others)")
+        return targets[name]
+
+
+def parse_target_endpoints(text: str) -> dict[str, str]:
+    """DFLASH_TARGET_ENDPOINTS: a JSON object name -> address (raises ValueError naming the entry)."""
+    if not text.strip():
+        return {}
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not a JSON object of name -> address ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(raw, dict):
+        raise ValueError("not a JSON object of name -> address")
+    for name, address in raw.items():
+        if not is_endpoint_name(name):
+            raise ValueError(f"target name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
+        if name == DEFAULT_TARGET:
+            raise ValueError(f"names {DEFAULT_TARGET!r}, which is DFLASH_TARGET_URL; set that instead")
+        if not isinstance(address, str) or not address.strip():
+            raise ValueError(f"target {name!r}: give `inprocess` or gRPC address(es) as a non-empty string")
+    return raw
 
 
 def scratch_dir(work_dir: str | None, prefix: str) -> tempfile.TemporaryDirectory:

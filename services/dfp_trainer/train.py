@@ -154,7 +154,8 @@ def prepare(spec: TrainSpec, opts: RunOptions, info: DistInfo, source=None) -> S
     if served_fp and served_fp != model_fingerprint(model_dir):
         raise TrainError(f"the hidden-state source serves model {getattr(minfo, 'model_id', '?')!r} with fingerprint "
                          f"{served_fp!r}, but the target {spec.target} has {model_fingerprint(model_dir)!r}: point "
-                         "target_url at a service running the same checkpoint")
+                         "the job's target_endpoint (or the trainer's DFLASH_TARGET_URL) at a service running the "
+                         "same checkpoint")
     served = list(getattr(minfo, "layer_ids", None) or [])
     if served and not set(layer_ids) <= set(served):
         raise TrainError(f"hidden-state source serves layers {served}; the drafter needs {layer_ids}")

@@ -43,10 +43,10 @@ def test_worker_completes_a_train_job_and_reports_progress(redis_server, redis_c
     caplog.set_level(logging.INFO, logger="dfp_trainer")
     output = f"{s3_bucket}/runs/r1"
     spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, output, steps=5, checkpoint_every=2, eval_prompts=2,
-                     eval_max_new_tokens=6, target_url=target_server)
+                     eval_max_new_tokens=6, target_endpoint="grpc")
     job, _ = submit_job(redis_client, "train", spec)
     settings = TrainerSettings(redis_url=redis_server.url, s3_endpoint_url=s3_server.endpoint_url, device="cpu",
-                               progress_every_s=0.001)
+                               progress_every_s=0.001, target_endpoints=json.dumps({"grpc": target_server}))
     jobs = JobStore(redis_client)
     worker = Worker(TaskQueue(redis_client, "train", lease_ms=settings.lease_ms), jobs,
                     TrainHandler(settings, redis_client), heartbeat_s=0.5)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ..tokenizer_assets import MASK_TOKEN
 from ._common import StorageUri
+from ._names import endpoint_name, refuse_removed
 
 LayerType = Literal["full_attention", "sliding_attention"]
+TargetEndpointName = endpoint_name("hidden-state target")
 LayerId = Annotated[int, Field(ge=0, le=1023)]
 
 # Bounds: far beyond any real run, near enough that no value can make a worker allocate, loop or
@@ -64,13 +66,22 @@ class TrainSpec(BaseModel):
     noise_std: float = Field(0.0, ge=0, le=100, description="Std of Gaussian noise added to target features in training (0..100).")
     checkpoint_every: int = Field(500, ge=1, le=MAX_STEPS, description="Steps between checkpoints (one is also written at SIGTERM).")
     keep_checkpoints: int = Field(3, ge=1, le=1000, description="Most recent checkpoints kept (1..1000).")
-    target_url: str | None = Field(None, description="Hidden-state source override: `inprocess` or gRPC address(es).")
+    target_endpoint: TargetEndpointName | None = Field(
+        None, description="Name of a hidden-state source the operator configured on the trainers "
+                          "(DFLASH_TARGET_ENDPOINTS; `default` is DFLASH_TARGET_URL); unset: `default`. A name, never "
+                          "an address: a job's tokens go only to configured targets.")
     eval_prompts: int = Field(8, ge=0, le=100_000, description="Held-out samples (not trained on): their prompts measure acceptance "
                                                    "length τ, and the samples held-out loss and accuracy, trained vs "
                                                    "untrained drafter (0: skip; at most 100000).")
     eval_max_new_tokens: int = Field(64, ge=1, le=1 << 16, description="Tokens generated per evaluation prompt (1..65536).")
     enable_thinking: bool = Field(True, description="Thinking mode the drafter serves in; must match the mode the "
                                                     "dataset was tokenized in (its manifest's `thinking`).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_free_address(cls, data: Any) -> Any:
+        return refuse_removed(data, "target_url", "target_endpoint",
+                              "the trainers send a job's tokens only to targets the operator configured")
 
     @field_validator("layer_types")
     @classmethod

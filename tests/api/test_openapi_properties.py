@@ -19,6 +19,11 @@ from .conftest import WRITE_KEY, auth, key_entries
 schema = schemathesis.openapi.from_asgi(
     "/openapi.json", create_app(ApiSettings(redis_url="redis://127.0.0.1:1/0", api_keys=key_entries())))
 
+# A submitted spec's storage URIs must lie inside the operator's storage roots and name endpoints the
+# workers were configured with: facts of a deployment, not of the document, so a schema-valid spec
+# may rightly get a 422 naming the field. Every other operation must accept what the document allows.
+SPEC_CHECKED_AT_SUBMIT = {"POST /v1/jobs"}
+
 
 @pytest.fixture
 def live_app(make_app, redis_client):
@@ -28,7 +33,5 @@ def live_app(make_app, redis_client):
 @schema.parametrize()
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 def test_api_matches_its_openapi_document(case, live_app):
-    # Every built-in check but "schema-valid data is accepted": job specs carry cross-field rules
-    # (e.g. generate's model is required with the transformers engine) that JSON Schema cannot state,
-    # so a schema-valid spec may rightly get a 422 naming the rule.
-    case.call_and_validate(app=live_app, headers=auth(WRITE_KEY), excluded_checks=[positive_data_acceptance])
+    excluded = [positive_data_acceptance] if case.operation.label in SPEC_CHECKED_AT_SUBMIT else []
+    case.call_and_validate(app=live_app, headers=auth(WRITE_KEY), excluded_checks=excluded)

@@ -146,7 +146,7 @@ def main() -> None:
     try:
         r = redis_server.client()
         job, _ = submit_job(r, "tokenize", {"input": "s3://bench/completions/", "output": "s3://bench/tokens",
-                                            "tokenizer": "/models/qwen3"})
+                                            "tokenizer": "/models/qwen3"}, owner="bench")
         jobs = JobStore(r)
         jobs.start(job.id)
         jobs.set_totals(job.id, files=1000, tasks=1000)

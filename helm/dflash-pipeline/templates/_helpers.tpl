@@ -232,6 +232,35 @@ checksum/config: {{ include (print .root.Template.BasePath "/configmap.yaml") .r
 {{- end }}
 {{- end -}}
 
+{{/* Named OpenAI-compatible endpoints jobs may choose (DFLASH_OPENAI_ENDPOINTS), each token from its own
+Secret through a variable of its own; nothing when the map is empty. */}}
+{{- define "dflash.openaiEndpointsEnv" -}}
+{{- if . }}
+{{- $endpoints := . }}
+{{- $names := keys $endpoints | sortAlpha }}
+{{- $config := dict }}
+{{- range $i, $name := $names }}
+{{- $e := get $endpoints $name }}
+{{- $entry := dict "url" $e.baseUrl }}
+{{- with $e.model }}{{ $_ := set $entry "model" . }}{{ end }}
+{{- if $e.existingSecret }}{{ $_ := set $entry "api_key_env" (printf "DFLASH_OPENAI_ENDPOINT_KEY_%d" $i) }}{{ end }}
+{{- $_ := set $config $name $entry }}
+{{- end }}
+- name: DFLASH_OPENAI_ENDPOINTS
+  value: {{ toJson $config | quote }}
+{{- range $i, $name := $names }}
+{{- $e := get $endpoints $name }}
+{{- if $e.existingSecret }}
+- name: {{ printf "DFLASH_OPENAI_ENDPOINT_KEY_%d" $i }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $e.existingSecret }}
+      key: {{ $e.secretKey | default "api-key" }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* Target address the trainer dials (DFLASH_TARGET_URL). */}}
 {{- define "dflash.trainerTargetUrl" -}}
 {{- if eq .Values.trainer.targetMode "colocated" -}}

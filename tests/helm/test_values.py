@@ -147,8 +147,14 @@ def test_api_keys_come_from_a_secret():
     for profile, secret in (("defaults", "dflash-api-keys"), ("gpu-keda", "dflash-api-keys")):
         objects = objects_for(profile)
         api = next(o for o in objects if o["metadata"]["name"] == "dflash-api" and o["kind"] == "Deployment")
-        env = {e["name"]: e for e in api["spec"]["template"]["spec"]["containers"][0]["env"]}
-        assert env["DFLASH_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == secret
+        pod = api["spec"]["template"]["spec"]
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        # a file of the mounted Secret (re-read when the Secret changes), holding the entries only
+        mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "api-keys")
+        volume = next(v for v in pod["volumes"] if v["name"] == "api-keys")
+        assert volume["secret"]["secretName"] == secret
+        assert volume["secret"]["items"] == [{"key": "api-keys", "path": "keys.json"}]
+        assert env["DFLASH_API_KEYS"]["value"] == mount["mountPath"] + "/keys.json" and mount["readOnly"]
         made = [o for o in objects if o["kind"] == "Secret"]
         # the chart makes a Secret only when no existing one is named
         assert len(made) == (1 if profile == "defaults" else 0)
@@ -163,7 +169,7 @@ def test_generated_api_key_is_accepted_by_the_api():
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     ring = auth.KeyRing(auth.parse_keys(data["api-keys"]))
     principal = ring.authenticate(data["admin-key"])
-    assert principal is not None and {"read", "write"} <= set(principal.scopes)
+    assert principal is not None and {"read", "write", "admin"} <= set(principal.scopes)
     assert ring.authenticate(data["admin-key"] + "x") is None
 
 

@@ -9,7 +9,7 @@ provide is provided locally and nothing else is changed:
   ``127.0.0.1:<port>``, and the pod serving it listens there (its port setting, given in env or
   args as the container port, is rewritten to the local port).
 * **Volumes** → per-pod directories: every volume mount except ``/dev/shm`` maps to a private
-  directory (ConfigMap volumes get their files), and paths under a mount point are rewritten.
+  directory (ConfigMap and Secret volumes get their files), and paths under a mount point are rewritten.
 * **Secrets** → values the test supplies (or the Secret rendered by the chart itself).
 * Scaling a Deployment (``kubectl scale``) starts more processes of the same rendered spec.
 """
@@ -127,6 +127,11 @@ class LocalCluster:
             if "configMap" in volume:
                 for key, text in self.config_maps.get(volume["configMap"]["name"], {}).items():
                     (local / key).write_text(text)
+            elif "secret" in volume:
+                data = self.secrets.get(volume["secret"]["secretName"], {})
+                for item in volume["secret"].get("items") or [{"key": k, "path": k} for k in data]:
+                    if item["key"] in data:
+                        (local / item["path"]).write_text(data[item["key"]])
             mounts[m["mountPath"].rstrip("/")] = local
         return mounts
 

@@ -14,7 +14,8 @@ def engine_options(fn):
         click.option("--dtype", default=None, help="auto, float32, bfloat16 or float16 [env DFLASH_DTYPE]."),
         click.option("--batch-size", "generation_batch_size", type=int, default=None,
                      help="Prompts per batch, transformers engine [env DFLASH_GENERATION_BATCH_SIZE]."),
-        click.option("--openai-base-url", default=None, help="Default OpenAI-compatible base URL [env DFLASH_OPENAI_BASE_URL]."),
+        click.option("--openai-base-url", default=None, help="Base URL of the OpenAI-compatible endpoint named 'default' "
+                                                                   "[env DFLASH_OPENAI_BASE_URL]."),
         click.option("--openai-model", default=None, help="Default served model name [env DFLASH_OPENAI_MODEL]."),
         click.option("--checkpoint-interval-s", type=float, default=None,
                      help="Seconds between partial-shard checkpoints [env DFLASH_CHECKPOINT_INTERVAL_S]."),

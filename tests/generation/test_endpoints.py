@@ -152,3 +152,26 @@ def test_bad_endpoint_settings_refuse_to_start_naming_the_variable(monkeypatch, 
         load_settings(GenerationSettings)
     var = "DFLASH_OPENAI_BASE_URL" if "DFLASH_OPENAI_ENDPOINTS" not in env else "DFLASH_OPENAI_ENDPOINTS"
     assert var in str(err.value) and reason in str(err.value), str(err.value)
+
+
+def test_the_api_answers_422_naming_the_removed_fields(redis_server, tmp_path):
+    from dfp_api.app import create_app
+    from dfp_api.settings import ApiSettings
+    from fastapi.testclient import TestClient
+
+    from tests.api.conftest import WRITE_KEY, auth, key_entries
+
+    settings = ApiSettings(redis_url=redis_server.url, api_keys=key_entries(), storage_url=f"file://{tmp_path}",
+                           rate_limit_per_s=1000.0, rate_limit_burst=1000)
+    gen = {"prompts": f"file://{tmp_path}/p.jsonl", "output": f"file://{tmp_path}/o", "engine": "openai"}
+    with TestClient(create_app(settings), headers=auth(WRITE_KEY)) as api:
+        resp = api.post("/v1/jobs", json={"type": "generate", "spec": {
+            **gen, "openai_base_url": "http://169.254.169.254/latest"}})
+        assert resp.status_code == 422, resp.text
+        assert "openai_base_url: no longer accepted" in resp.json()["message"]
+        assert "openai_endpoint" in resp.json()["message"]
+        resp = api.post("/v1/jobs", json={"type": "generate", "spec": {**gen, "openai_endpoint": "http://127.0.0.1:1"}})
+        assert resp.status_code == 422 and resp.json()["fields"][0]["field"] == "spec.openai_endpoint", resp.text
+        resp = api.post("/v1/jobs", json={"type": "train", "spec": {
+            "dataset": f"file://{tmp_path}/d", "target": f"file://{tmp_path}/t", "target_url": "10.0.0.1:50051"}})
+        assert resp.status_code == 422 and "target_endpoint" in resp.json()["message"], resp.text

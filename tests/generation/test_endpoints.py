@@ -76,6 +76,15 @@ def test_an_endpoint_name_is_a_name_not_an_address(url):
         GenerateSpec(prompts="/p", output="/o", engine="openai", openai_endpoint=url)
 
 
+def test_the_schema_states_the_name_rule():
+    from dfp_shared.specs import TrainSpec
+    from dfp_shared.specs._names import NAME_PATTERN
+
+    for model, field in ((GenerateSpec, "openai_endpoint"), (TrainSpec, "target_endpoint")):
+        (string, _null) = model.model_json_schema()["properties"][field]["anyOf"]
+        assert string == {"type": "string", "pattern": NAME_PATTERN, "maxLength": 64}, (field, string)
+
+
 def test_jobs_pick_configured_endpoints_by_name_each_with_its_own_key(tmp_path, redis_server, redis_client, servers,
                                                                      monkeypatch):
     default, other = servers

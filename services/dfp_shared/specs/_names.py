@@ -29,7 +29,8 @@ def endpoint_name(what: str):
                              f"operator configured (letters, digits, '_', '.', '-'; at most 64), never an address")
         return value
 
-    return Annotated[str, BeforeValidator(check), Field(pattern=NAME_PATTERN, max_length=64)]
+    # the constraints first, so the schema states them; the validator wraps them and runs first
+    return Annotated[str, Field(pattern=NAME_PATTERN, max_length=64), BeforeValidator(check)]
 
 
 def refuse_removed(data: Any, removed: str, instead: str, why: str) -> Any:

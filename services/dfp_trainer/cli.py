@@ -11,7 +11,8 @@ from .settings import TrainerSettings
 
 
 def _trainer_options(fn):
-    fn = click.option("--target-url", default=None, help="inprocess or gRPC address(es) [env DFLASH_TARGET_URL].")(fn)
+    fn = click.option("--target-url", default=None, help="The target named `default`: inprocess or gRPC "
+                                                           "address(es) [env DFLASH_TARGET_URL].")(fn)
     fn = click.option("--device", default=None, help="auto, cpu, cuda [env DFLASH_DEVICE].")(fn)
     fn = click.option("--nproc-per-node", type=int, default=None,
                       help="Training processes; >1 runs torchrun [env DFLASH_NPROC_PER_NODE].")(fn)

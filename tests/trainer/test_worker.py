@@ -107,7 +107,7 @@ def test_worker_fails_a_job_with_a_foreign_dataset_at_once(tmp_path, redis_serve
     assert rec.state == JobState.failed
     assert "tokenizer_fingerprint is '0000111122223333'" in rec.error and "another tokenizer" in rec.error
     assert TaskQueue(redis_client, "train").dead_letters() == []  # bad input is not retried
-    assert not list(open_store(f"file://{tmp_path}/out").list(""))  # no step ran
+    assert list(open_store(f"file://{tmp_path}/out").list("")) == [".dflash-owner.json"]  # claimed; no step ran
 
 
 def test_a_killed_worker_s_job_resumes_on_another_worker(tmp_path, redis_server, redis_client, tiny_qwen3_dir,

@@ -54,7 +54,8 @@ def chart_values(endpoint: str) -> dict:
     """A CPU-only install: one API pod, two tokenizer pods, the target as its own Deployment."""
     return {
         "gpu": {"enabled": False},
-        "storage": {"url": "s3://e2e/data", "s3": {"endpointUrl": endpoint, "existingSecret": "s3-creds"}},
+        "storage": {"url": "s3://e2e/data", "allowedPrefixes": ["s3://e2e/models"],
+                    "s3": {"endpointUrl": endpoint, "existingSecret": "s3-creds"}},
         "api": {"replicas": 1},
         "tokenizer": {"replicas": 2, "processes": 1, "env": {"DFLASH_LEASE_MS": "3000"}},
         "generation": {"replicas": 1},

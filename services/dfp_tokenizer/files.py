@@ -24,7 +24,7 @@ from dfp_shared.worker import TaskCancelled, TaskReleased
 
 from .encoder import Encoded, Prepared, SampleEncoder
 from .limits import DEFAULT_MAX_LINE_BYTES
-from .records import LINE_TOO_LONG, TEMPLATE_ERROR, SampleError, parse_line, short_detail
+from .records import LINE_TOO_LONG, MALFORMED_JSON, TEMPLATE_ERROR, SampleError, parse_line, short_detail
 
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".ndjson")
 # sample length histogram: bucket i counts lengths in [EDGES[i], EDGES[i+1])
@@ -174,7 +174,9 @@ def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder,
         except (TaskCancelled, TaskReleased):
             raise
         except Exception as exc:  # noqa: BLE001 - one record's failure, whatever it is, is one bad line
-            bad(lineno, SampleError(TEMPLATE_ERROR, f"{type(exc).__name__}: {exc}", sample.id if sample else None))
+            stage = "rendering" if sample else "reading"
+            bad(lineno, SampleError(TEMPLATE_ERROR if sample else MALFORMED_JSON,
+                                    f"{type(exc).__name__} while {stage} the record", sample.id if sample else None))
         if len(batch) >= encoder.spec.samples_per_batch or batch_chars >= max_chars:
             flush()
             checked = time.monotonic()
@@ -196,4 +198,11 @@ def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder,
 
 
 def errors_jsonl(errors: list[dict]) -> bytes:
-    return "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in errors).encode()
+    return b"".join(_error_line(e) for e in errors)
+
+
+def _error_line(e: dict) -> bytes:
+    try:
+        return (json.dumps(e, ensure_ascii=False) + "\n").encode()
+    except UnicodeEncodeError:  # a lone surrogate in an id: escaped, still one valid JSON line
+        return (json.dumps(e) + "\n").encode()

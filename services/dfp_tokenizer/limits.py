@@ -59,7 +59,7 @@ class EncodeLimits:
     def resolve_template(self, value: str | None) -> str | None:
         """The Jinja text of a spec's ``chat_template``: a registered name, or (if allowed) the text
         itself; None = the tokenizer's own."""
-        if value is None:
+        if not value:
             return None
         if TEMPLATE_NAME.fullmatch(value):
             names = self.registered_templates()

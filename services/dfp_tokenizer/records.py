@@ -45,7 +45,7 @@ INVALID_UNICODE = "invalid_unicode"
 TOKENIZER_ERROR = "tokenizer_error"
 
 EXCERPT_CHARS = 16
-DETAIL_CHARS = 200
+DETAIL_CHARS = 160
 
 
 def excerpt(value) -> str:

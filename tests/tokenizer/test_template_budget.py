@@ -147,3 +147,42 @@ def test_second_sigterm_stops_a_worker_rendering_a_runaway_template(redis_server
     row = file_task_pending(redis_client)
     assert row is not None and row["time_since_delivered"] >= 60000  # given back: reclaimable at once
     assert JobStore(redis_client).get(job.id).state.value == "running"
+
+
+def test_registered_templates_by_name_and_inline_templates_refused(tmp_path, llama_style_tokenizer, qwen3_tokenizer):
+    from dfp_shared.specs.tokenize import TokenizeSpec
+    from dfp_tokenizer.encoder import SampleEncoder
+    from dfp_tokenizer.limits import TemplateUnavailable
+    from dfp_tokenizer.records import parse_line
+
+    (tmp_path / "llama3.jinja").write_text(LLAMA_STYLE_TEMPLATE)
+    limits = EncodeLimits(chat_templates_dir=str(tmp_path), allow_inline_templates=False)
+    spec = dict(input="/in", output="/out", tokenizer="/tok")
+    named = SampleEncoder(llama_style_tokenizer, TokenizeSpec(**spec, chat_template="llama3"), limits)
+    inline = SampleEncoder(llama_style_tokenizer, TokenizeSpec(**spec, chat_template=LLAMA_STYLE_TEMPLATE))
+    sample = parse_line(json.dumps(records(1, seed=8)[0]), "x:1")
+    assert named.prepare(sample).text == inline.prepare(sample).text
+    assert named.chat_template_fingerprint == inline.chat_template_fingerprint
+    with pytest.raises(TemplateUnavailable, match="no registered template named 'chatml'.*registered: llama3"):
+        SampleEncoder(llama_style_tokenizer, TokenizeSpec(**spec, chat_template="chatml"), limits)
+    with pytest.raises(TemplateUnavailable, match="only registered template names"):
+        SampleEncoder(llama_style_tokenizer, TokenizeSpec(**spec, chat_template=LLAMA_STYLE_TEMPLATE), limits)
+    # the tokenizer's own template needs no registration (it still renders under the budget)
+    assert SampleEncoder(qwen3_tokenizer, TokenizeSpec(**spec), limits).prepare(sample).text
+
+
+def test_a_template_that_grows_memory_is_stopped_by_the_memory_budget(qwen3_tokenizer):
+    from dfp_shared.specs.tokenize import TokenizeSpec
+    from dfp_tokenizer.encoder import SampleEncoder
+    from dfp_tokenizer.files import tokenize_file
+
+    grow = ("{%- if 'HANG' in messages[0]['content'] %}{%- set ns = namespace(s='x') %}"
+            "{%- for i in range(60) %}{%- set ns.s = ns.s ~ ns.s %}{%- endfor %}{%- endif %}" + LLAMA_STYLE_TEMPLATE)
+    enc = SampleEncoder(qwen3_tokenizer, TokenizeSpec(input="/in", output="/out", tokenizer="/tok", chat_template=grow),
+                        EncodeLimits(template_timeout_s=60, template_memory_bytes=64 * 2**20))
+    data = "".join(json.dumps(r) + "\n" for r in [hang_record(0)] + records(2, seed=6)).encode()
+    t0 = time.monotonic()
+    res = tokenize_file(data, "file:///in/m.jsonl", "s", enc, id_prefix="m")
+    assert time.monotonic() - t0 < 30
+    assert res.stats.samples == 2 and [e["reason"] for e in res.errors] == ["template_budget"]
+    assert "memory budget of 64 MiB" in res.errors[0]["detail"]

@@ -37,10 +37,14 @@ class TokenizeSpec(BaseModel):
         "drop", description="Sample over max_length: drop it (reported as too_long in the errors file) or keep its "
                             "first max_length tokens (dropped if no trained token is left).")
     chat_template: str | None = Field(
-        None, description="Jinja chat template that replaces the tokenizer's own (None = the tokenizer's).")
+        None, max_length=262_144,
+        description="Chat template that replaces the tokenizer's own (None = the tokenizer's): the name of a template "
+                    "the operator registered (DFLASH_CHAT_TEMPLATES_DIR/<name>.jinja), or Jinja text where the "
+                    "deployment accepts it. Every template renders under the operator's time and memory budget "
+                    "per record.")
     template_kwargs: dict = Field(
-        default_factory=dict, description="Extra variables passed to the chat template (enable_thinking is set from "
-                                          "`thinking`).")
+        default_factory=dict, max_length=64,
+        description="Extra variables passed to the chat template (enable_thinking is set from `thinking`).")
     samples_per_batch: int = Field(256, ge=1, le=65536, description="Samples tokenized per encode_batch call.")
 
     @model_validator(mode="after")

@@ -13,15 +13,13 @@ never a URL.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from dfp_shared.specs._names import is_endpoint_name
+from dfp_shared.specs._names import DEFAULT, load_name_map
 
-DEFAULT = "default"
 ENTRY_KEYS = {"url", "model", "api_key_env", "api_key_file"}
 
 
@@ -76,18 +74,9 @@ def check_url(url: str) -> str:
 
 def parse_endpoints(text: str, *, check_secrets: bool = True) -> dict[str, Endpoint]:
     """The endpoints of ``DFLASH_OPENAI_ENDPOINTS`` (raises ValueError naming the entry and the reason)."""
-    if not text.strip():
-        return {}
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not a JSON object of name -> URL ({exc.msg} at char {exc.pos})") from None
-    if not isinstance(raw, dict):
-        raise ValueError("not a JSON object of name -> URL")
+    raw = load_name_map(text, "endpoint", "URL")
     out = {}
     for name, entry in raw.items():
-        if not is_endpoint_name(name):
-            raise ValueError(f"endpoint name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
         if isinstance(entry, str):
             entry = {"url": entry}
         if not isinstance(entry, dict):

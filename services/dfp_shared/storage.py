@@ -179,13 +179,23 @@ class LocalStore(ObjectStore):
         shutil.copyfile(src, dest)
         return dest
 
-    def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
+    @staticmethod
+    def _temp_beside(path: Path, data: bytes) -> str:
+        """A complete temporary file holding ``data`` in ``path``'s directory (hidden from listings)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self._temp_beside(path, data)
+        try:
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -210,11 +220,8 @@ class LocalStore(ObjectStore):
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        tmp = self._temp_beside(path, data)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
             os.link(tmp, path)  # fails if the key exists: complete content or nothing
             return True
         except FileExistsError:

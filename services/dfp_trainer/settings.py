@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
 from dfp_shared.config import CommonSettings
-from dfp_shared.specs._names import is_endpoint_name
+from dfp_shared.specs._names import DEFAULT, load_name_map
 from pydantic import Field, field_validator
 
-DEFAULT_TARGET = "default"
+DEFAULT_TARGET = DEFAULT
 
 
 class TrainerSettings(CommonSettings):
@@ -55,17 +54,8 @@ class TrainerSettings(CommonSettings):
 
 def parse_target_endpoints(text: str) -> dict[str, str]:
     """DFLASH_TARGET_ENDPOINTS: a JSON object name -> address (raises ValueError naming the entry)."""
-    if not text.strip():
-        return {}
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not a JSON object of name -> address ({exc.msg} at char {exc.pos})") from None
-    if not isinstance(raw, dict):
-        raise ValueError("not a JSON object of name -> address")
+    raw = load_name_map(text, "target", "address")
     for name, address in raw.items():
-        if not is_endpoint_name(name):
-            raise ValueError(f"target name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
         if name == DEFAULT_TARGET:
             raise ValueError(f"names {DEFAULT_TARGET!r}, which is DFLASH_TARGET_URL; set that instead")
         if not isinstance(address, str) or not address.strip():

@@ -7,11 +7,14 @@ host:port fits, and a removed address field is refused with what to use instead.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
+DEFAULT = "default"
+"""The endpoint a spec gets when it names none: the worker's plain setting (e.g. DFLASH_TARGET_URL)."""
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _NAME_RE = re.compile(NAME_PATTERN)
 
@@ -39,3 +42,20 @@ def refuse_removed(data: Any, removed: str, instead: str, why: str) -> Any:
         raise ValueError(f"{removed}: no longer accepted ({why}); name one the operator configured with "
                          f"{instead} instead (unset: 'default')")
     return data
+
+
+def load_name_map(text: str, what: str, value: str) -> dict[str, Any]:
+    """An operator's JSON object of ``what`` name -> ``value`` (e.g. DFLASH_TARGET_ENDPOINTS); ``default``
+    is the plain setting, not an entry. Raises ValueError naming the entry and the reason."""
+    if not text.strip():
+        return {}
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not a JSON object of name -> {value} ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"not a JSON object of name -> {value}")
+    for name in raw:
+        if not is_endpoint_name(name):
+            raise ValueError(f"{what} name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
+    return raw

@@ -19,7 +19,7 @@ from dfp_shared.ownership import OutputClaims
 from dfp_shared.queue import Task, TaskQueue
 from dfp_shared.specs.generate import GenerateSpec
 from dfp_shared.storage import StorageError, open_store
-from dfp_shared.storage_roots import StorageRoots
+from dfp_shared.storage_roots import StorageRoots, parent_prefix
 from dfp_shared.submit import PLAN_KEY, finish_job
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased, Worker
 from pydantic import ValidationError
@@ -29,6 +29,7 @@ from .endpoints import resolve as resolve_endpoint
 from .engines import Engine, GenResult
 from .live import ShardProgress
 from .plan import ShardPlan, plan_shards
+from .prompts import PROMPT_SUFFIXES
 from .settings import GenerationSettings
 from .shard import ShardRunner, prune_stale
 
@@ -94,9 +95,10 @@ class GenerationHandler:
             return
         # before any I/O: the task may come from anyone who can write to Redis
         self.roots.check_spec(KIND, spec)
-        if "prompts_root" in task.payload:
-            self.roots.check(task.payload["prompts_root"], "task.prompts_root")
-        self.claims.claim(spec.output, rec.owner, task.job_id)
+        if "prompts_root" in task.payload:  # a shard reads only the prompt set its spec names
+            prompts = spec.prompts if not spec.prompts.endswith(PROMPT_SUFFIXES) else parent_prefix(spec.prompts)
+            self.roots.check_inside(task.payload["prompts_root"], prompts, "task.prompts_root")
+        self.claims.claim(spec.output, rec.owner, task.job_id, parent_id=rec.parent_id)
         try:
             if task.key == PLAN_KEY:
                 self.plan(task, spec)

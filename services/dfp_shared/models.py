@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .storage import local_dir_confined
 from .tokenizer_assets import MASK_TOKEN, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def local_model_dir(uri: str, cache_dir: str | os.PathLike | None = None, endpoi
         path = Path(uri[len("file://"):] if uri.startswith("file://") else uri)
         if not path.is_dir():
             raise FileNotFoundError(f"model directory {uri} does not exist")
-        return path
+        return local_dir_confined(path, uri)
     from .storage import open_store
     from .tokenizer_assets import default_cache_dir
 

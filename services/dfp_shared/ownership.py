@@ -4,8 +4,8 @@ The first job that writes under an output prefix leaves a marker there, ``.dflas
 (``{"owner", "job_id", "created_at"}``), created atomically (an exclusive create on local disks, a
 conditional ``If-None-Match: *`` write on S3), so of two jobs racing for a new prefix exactly one
 wins. A later job may write there only if it runs for the same principal; a prefix that already holds
-objects but no marker (data no job wrote) is refused too, and so is any prefix below another
-principal's. So a train job never resumes from, overwrites or deletes another principal's
+objects but no marker (data no job wrote) is refused too, and so are any prefix below another
+principal's, every storage root itself, and ``<root>/jobs/`` but for a job's own per-job prefix. So a train job never resumes from, overwrites or deletes another principal's
 checkpoints, and a tokenize job never replaces another's ``manifest.json``.
 """
 
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 
-from .storage import AccessRefused, NotFound, ObjectStore, open_store, visible
+from .storage import AccessRefused, NotFound, ObjectStore, open_store
 from .storage_roots import StorageRoots
 
 log = logging.getLogger(__name__)
@@ -50,19 +51,45 @@ class OutputClaims:
     def _store(self, uri: str) -> ObjectStore:
         return open_store(uri, endpoint_url=self.endpoint_url)
 
-    def claim(self, uri: str, owner: str | None, job_id: str, field: str = "spec.output") -> None:
-        """Let ``owner`` write under ``uri``, or raise OutputOwned naming the prefix and its owner."""
+    def claim(self, uri: str, owner: str | None, job_id: str, field: str = "spec.output",
+              parent_id: str | None = None) -> None:
+        """Let ``owner`` write under ``uri``, or raise OutputOwned naming the prefix and its owner.
+
+        ``job_id`` (and the pipeline's ``parent_id``) name the only per-job prefixes under
+        ``<root>/jobs/`` this job may write: that area is reserved for jobs without an explicit output.
+        """
         owner = owner or ANONYMOUS
-        canonical = self.roots.check(uri, field).rstrip("/")
-        if (canonical, owner) in self._claimed:
+        prefix = self._resolved(self.roots.check(uri, field))
+        if (prefix, owner) in self._claimed:
             return
         with self._lock:
-            self._claim(canonical, owner, job_id, field)
-            self._claimed.add((canonical, owner))
+            self._check_reserved(prefix, job_id, parent_id, field)
+            self._claim(prefix, owner, job_id, field)
+            self._claimed.add((prefix, owner))
+
+    @staticmethod
+    def _resolved(canonical: str) -> str:
+        """The prefix as it really is: local paths with their symlinks resolved (the walk below must see
+        the directories a write will land in)."""
+        if canonical.startswith("file://"):
+            return "file://" + os.path.realpath(canonical[len("file://"):])
+        return canonical.rstrip("/")
+
+    def _check_reserved(self, prefix: str, job_id: str, parent_id: str | None, field: str) -> None:
+        area = self.roots.jobs_area
+        if not (prefix == area or prefix.startswith(area + "/")):
+            return
+        own = [self.roots.job_prefix(job_id).rstrip("/")]
+        if parent_id:
+            own.append(self.roots.job_prefix(parent_id).rstrip("/"))
+        rel = {prefix[len(p) + 1:] for p in own if prefix.startswith(p + "/")}
+        if prefix not in own and not any(part and "/" not in part for part in rel):
+            raise OutputOwned(f"{field}: {area}/ is reserved for the prefixes of jobs without an output; "
+                              "choose an output prefix elsewhere")
 
     def _claim(self, prefix: str, owner: str, job_id: str, field: str) -> None:
         root = self.roots.root_of(prefix, field)
-        if prefix == root:
+        if prefix in self.roots.roots:
             raise OutputOwned(f"{field}: {prefix}/ is a storage root shared by every job; write under a prefix "
                               "below it")
         # every level from the root down to the prefix's parent: none may belong to someone else
@@ -77,7 +104,8 @@ class OutputClaims:
         store = self._store(prefix)
         holder = _marker_owner(store)
         if holder is None:
-            if next(iter(visible(store.list(""))), None) is not None:
+            # anything at all below it (another principal's marker too) means the prefix is not new
+            if next(iter(store.list("")), None) is not None:
                 raise OutputOwned(f"{field}: {prefix}/ already holds data that no job of {owner!r} wrote; "
                                   "choose a new output prefix")
             marker = json.dumps({"owner": owner, "job_id": job_id, "created_at": time.time()}).encode()

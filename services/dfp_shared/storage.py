@@ -233,6 +233,24 @@ class LocalStore(ObjectStore):
         self._path(key).unlink(missing_ok=True)
 
 
+def local_dir_confined(path: str | os.PathLike, uri: str) -> Path:
+    """``path`` if every entry below it is a regular file or directory inside it; raises AccessRefused
+    naming the first link out of it (or FIFO, socket, device). A model or tokenizer directory is read by
+    libraries that follow links, so one whose files lead elsewhere is not read at all."""
+    root = Path(os.path.realpath(path))
+    if not root.is_dir():
+        raise NotFound(f"{uri}: no such directory")
+    for directory, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            entry = Path(directory) / name
+            real = Path(os.path.realpath(entry))
+            if real != root and root not in real.parents:
+                raise AccessRefused(f"{uri}: {entry.relative_to(root)} links out of the directory; refused")
+            if not (real.is_file() or real.is_dir()):
+                raise AccessRefused(f"{uri}: {entry.relative_to(root)} is not a regular file; refused")
+    return root
+
+
 def _check_page_size(page_size: int) -> None:
     if page_size < 1:
         raise StorageError(f"list page_size must be at least 1, got {page_size}")

@@ -130,9 +130,21 @@ class StorageRoots:
         """The storage root (``DFLASH_STORAGE_URL``): where jobs without an ``output`` write."""
         return self.roots[0]
 
+    @property
+    def jobs_area(self) -> str:
+        """``<root>/jobs``: reserved for the outputs of jobs that name none (see :meth:`job_prefix`)."""
+        return self.default + "/jobs"
+
     def job_prefix(self, job_id: str, *parts: str) -> str:
         """The per-job output prefix under the storage root."""
-        return "/".join([self.default, "jobs", job_id, *parts]) + "/"
+        return "/".join([self.jobs_area, job_id, *parts]) + "/"
+
+    def check_explicit_output(self, uri: str, field: str) -> None:
+        """An output a spec names must not lie in the per-job area (it would take a future job's prefix)."""
+        canonical = self._canonical(uri, field).rstrip("/")
+        if canonical == self.jobs_area or canonical.startswith(self.jobs_area + "/"):
+            raise OutsideRoots(f"{field}: {self.jobs_area}/ is reserved for jobs without an output; "
+                               "name an output prefix elsewhere, or none")
 
     def root_of(self, uri: str, field: str = "uri") -> str:
         """The allowed root that holds ``uri``; raises OutsideRoots naming ``field``."""

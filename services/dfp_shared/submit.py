@@ -32,13 +32,16 @@ def validate_spec(job_type: str, spec: dict) -> dict:
     return SPECS[job_type].model_validate(spec).model_dump(mode="json")
 
 
-def with_default_outputs(job_type: str, spec: dict, roots: StorageRoots, job_id: str) -> dict:
-    """``spec`` with every unset ``output`` set to a prefix of the job's own under the storage root."""
+def with_default_outputs(job_type: str, spec: dict, roots: StorageRoots, job_id: str, field: str = "spec") -> dict:
+    """``spec`` with every unset ``output`` set to a prefix of the job's own under the storage root (raises
+    OutsideRoots for an output a spec names inside that reserved area)."""
     if job_type == "pipeline":
-        return {**spec, **{stage: with_default_outputs(stage, dict(spec.get(stage) or {}), roots, f"{job_id}/{stage}")
+        return {**spec, **{stage: with_default_outputs(stage, dict(spec.get(stage) or {}), roots,
+                                                       f"{job_id}/{stage}", f"{field}.{stage}")
                            for stage in PipelineSpec.STAGES}}
     if spec.get("output") is None:
-        spec = {**spec, "output": roots.job_prefix(job_id)}
+        return {**spec, "output": roots.job_prefix(job_id)}
+    roots.check_explicit_output(spec["output"], f"{field}.output")
     return spec
 
 

@@ -23,7 +23,7 @@ from dfp_shared.jobs import JobStore
 from dfp_shared.ownership import OutputClaims
 from dfp_shared.queue import Task, TaskQueue
 from dfp_shared.specs.tokenize import TokenizeSpec
-from dfp_shared.storage import NotFound, ObjectStore, open_store, split_uri, visible
+from dfp_shared.storage import NotFound, ObjectStore, local_dir_confined, open_store, split_uri, visible
 from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.submit import PLAN_KEY, finish_job
 from dfp_shared.token_shards import MANIFEST, build_manifest
@@ -64,7 +64,7 @@ class EncoderCache:
 
     def tokenizer_dir(self, uri: str) -> Path:
         if not uri.startswith("s3://"):
-            return Path(uri[len("file://"):] if uri.startswith("file://") else uri)
+            return local_dir_confined(uri[len("file://"):] if uri.startswith("file://") else uri, uri)
         dest = self.cache_dir / hashlib.sha1(uri.encode()).hexdigest()[:16]
         store = open_store(uri, endpoint_url=self.endpoint_url)
         keys = [k for k in store.list("") if "/" not in k and k in TOKENIZER_FILES]
@@ -103,7 +103,7 @@ class TokenizeHandler:
         spec = TokenizeSpec.model_validate(rec.spec)
         # before any I/O: the task may come from anyone who can write to Redis
         self.roots.check_spec(KIND, spec)
-        self.claims.claim(spec.output, rec.owner, task.job_id)
+        self.claims.claim(spec.output, rec.owner, task.job_id, parent_id=rec.parent_id)
         if task.key == PLAN_KEY:
             self.plan(task, spec, ctx.queue)
         elif task.key == FINALIZE_KEY:

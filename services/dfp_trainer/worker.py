@@ -52,7 +52,7 @@ class TrainHandler:
             return
         # before any I/O (resume reads the output prefix): the task may come from anyone who can write to Redis
         self.roots.check_spec("train", spec)
-        self.claims.claim(spec.output, job.owner, task.job_id)
+        self.claims.claim(spec.output, job.owner, task.job_id, parent_id=job.parent_id)
         log.info("training job claimed", extra={"job_id": task.job_id, "deliveries": task.deliveries})
         try:
             if self.settings.nproc_per_node > 1:

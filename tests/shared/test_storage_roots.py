@@ -116,3 +116,57 @@ def test_s3_conditional_create(s3_bucket, s3_server):
     assert store.put_if_absent("k", b"first")
     assert not store.put_if_absent("k", b"second")
     assert store.get("k") == b"first"
+
+
+def test_the_per_job_area_and_every_root_are_unclaimable(tmp_path):
+    roots = StorageRoots([f"file://{tmp_path}/data", f"file://{tmp_path}/data/shared"])
+    claims = OutputClaims(roots)
+    for prefix in (f"file://{tmp_path}/data/jobs/", f"file://{tmp_path}/data/jobs/someone-elses-id/",
+                   f"file://{tmp_path}/data/jobs/x/y/z/"):
+        with pytest.raises(OutputOwned, match="reserved"):
+            claims.claim(prefix, "mallory", "j-mallory")
+    with pytest.raises(OutputOwned, match="storage root"):
+        claims.claim(f"file://{tmp_path}/data/shared/", "mallory", "j-mallory")
+    claims.claim(roots.job_prefix("j-alice"), "alice", "j-alice")  # a job's own per-job prefix
+    claims.claim(roots.job_prefix("p1", "train"), "alice", "j-stage", parent_id="p1")  # a pipeline stage's
+    with pytest.raises(OutsideRoots, match="reserved"):
+        from dfp_shared.submit import with_default_outputs
+
+        with_default_outputs("tokenize", {"output": f"file://{tmp_path}/data/jobs/"}, roots, "j")
+
+
+def test_a_prefix_above_another_principals_output_is_not_new(tmp_path):
+    claims = OutputClaims(StorageRoots([f"file://{tmp_path}"]))
+    claims.claim(f"file://{tmp_path}/team/runs/qwen/", "alice", "j1")  # only a marker so far
+    with pytest.raises(OutputOwned, match="already holds data"):
+        OutputClaims(claims.roots).claim(f"file://{tmp_path}/team/", "mallory", "j2")
+
+
+def test_a_symlink_inside_the_root_does_not_dodge_the_owner_walk(tmp_path):
+    claims = OutputClaims(StorageRoots([f"file://{tmp_path}"]))
+    claims.claim(f"file://{tmp_path}/alice/", "alice", "j1")
+    (tmp_path / "alice" / "sub").mkdir()
+    os.symlink(tmp_path / "alice" / "sub", tmp_path / "mine")
+    with pytest.raises(OutputOwned, match="belongs to 'alice'"):
+        OutputClaims(claims.roots).claim(f"file://{tmp_path}/mine/", "mallory", "j2")
+    assert not (tmp_path / "alice" / "sub" / MARKER).exists()
+
+
+def test_model_and_tokenizer_directories_with_links_out_are_not_read(tmp_path):
+    from dfp_shared.models import local_model_dir
+    from dfp_shared.storage import local_dir_confined
+
+    (tmp_path / "outside.txt").write_text("TOP SECRET")
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
+    os.symlink(tmp_path / "outside.txt", tmp_path / "tok" / "chat_template.jinja")
+    with pytest.raises(AccessRefused, match="chat_template.jinja links out"):
+        local_dir_confined(tmp_path / "tok", f"file://{tmp_path}/tok")
+    with pytest.raises(AccessRefused, match="links out"):
+        local_model_dir(f"file://{tmp_path}/tok")
+    os.unlink(tmp_path / "tok" / "chat_template.jinja")
+    os.mkfifo(tmp_path / "tok" / "tokenizer.json")
+    with pytest.raises(AccessRefused, match="not a regular file"):
+        local_dir_confined(tmp_path / "tok", "tok")
+    os.unlink(tmp_path / "tok" / "tokenizer.json")
+    assert local_dir_confined(tmp_path / "tok", "tok") == tmp_path / "tok"

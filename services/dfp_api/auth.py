@@ -7,8 +7,12 @@ principal's jobs. The plaintext key is never stored, logged or returned; only th
 identifies the caller (in logs, rate limits and as the owner of the jobs it submits).
 
 When ``DFLASH_API_KEYS`` names a file (a mounted Secret), :class:`KeySet` re-reads it when it
-changes (checked at most once a second), so a revoked key is refused without a restart; a file
-that becomes invalid or disappears keeps the last good key set and logs why.
+changes (checked at most once a second), so a revoked key is refused without a restart. A file
+that becomes empty, invalid or disappears fails closed: no key is accepted until a valid file is
+back (keeping the last good set would keep a key just revoked working), and the error is logged.
+
+The name ``anonymous`` is reserved: it owns the jobs created with auth disabled and ownerless
+outputs, so no key may act as that principal.
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 log = logging.getLogger(__name__)
 
 SCOPES = ("read", "write", "admin")
+RESERVED_NAMES = frozenset({"anonymous"})
+"""Names no key entry may take (compared case-insensitively): ``anonymous`` owns the jobs created with
+auth disabled and outputs without an owner marker."""
+UNLOADABLE = "the API key set could not be loaded; ask the operator"
+"""The 401 message while a reloaded key file is empty, invalid or missing."""
 IMPLIED = {"read": frozenset({"read"}), "write": frozenset({"read", "write"}),
            "admin": frozenset({"read", "write", "admin"})}
 
@@ -69,6 +78,12 @@ class ApiKeyEntry(BaseModel):
     scopes: list[str] = Field(default_factory=lambda: ["read"], description="Granted scopes: read, write, admin.")
     expires_at: datetime | None = Field(None, description="When the key stops working: ISO 8601 or Unix seconds.")
 
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        check_name(name)
+        return name
+
     @field_validator("expires_at", mode="before")
     @classmethod
     def _expiry(cls, value: object) -> datetime | None:
@@ -81,6 +96,13 @@ class ApiKeyEntry(BaseModel):
         if unknown:
             raise ValueError(f"unknown scope(s) {unknown}; allowed: {list(SCOPES)}")
         return scopes
+
+
+def check_name(name: str) -> None:
+    """Raise ValueError if ``name`` is reserved for a principal no key may be."""
+    if name.lower() in RESERVED_NAMES:
+        raise ValueError(f"the name {name!r} is reserved (it owns the jobs created with auth disabled and "
+                         "outputs without an owner); choose another name")
 
 
 _ENTRIES = TypeAdapter(list[ApiKeyEntry])
@@ -140,6 +162,8 @@ def parse_keys(value: str) -> list[ApiKeyEntry]:
         if not path.is_file():
             raise ValueError(f"{stripped!r} is neither a JSON list of keys nor a readable file")
         text, source = path.read_text(), str(path)
+    if not text.strip():
+        raise ValueError(f"{source}: empty, no keys configured")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -183,15 +207,20 @@ class KeySet:
 
     Inline keys never change. A file is checked with one ``stat`` at most every ``check_every_s``
     (per process); a new inode, size or mtime (a Kubernetes Secret update swaps a symlink, an edit
-    rewrites the file) re-reads it. A file that cannot be read or parsed keeps the last good key
-    set and logs an error naming the file and the reason, once per change."""
+    rewrites the file) re-reads it. A file that is empty, cannot be read or parsed fails closed: the
+    key set becomes empty, :attr:`problem` says why (requests get :data:`UNLOADABLE`), and an error
+    naming the file and the reason is logged once per change; the file is then looked at every
+    ``retry_s`` so a valid one restores service promptly."""
 
-    def __init__(self, value: str, check_every_s: float = 1.0):
+    def __init__(self, value: str, check_every_s: float = 1.0, retry_s: float = 0.2):
         self._value = value
         self._path = key_file(value)
         self._every = check_every_s
+        self._retry = min(retry_s, check_every_s)
         self._signature = self._stat()
-        self.ring = KeyRing(parse_keys(value))
+        self.ring = KeyRing(parse_keys(value))  # at startup an invalid value is an error, not an empty set
+        self.problem: str | None = None
+        """Why the key file did not load (no key is accepted meanwhile); None when it did."""
         self._next_check = time.monotonic() + check_every_s
 
     def _stat(self) -> tuple | None:
@@ -204,15 +233,16 @@ class KeySet:
         return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def authenticate(self, token: str) -> Principal | None:
+        """The key's principal, or None (unknown key, or :attr:`problem` says the set did not load)."""
         if self._path is not None and time.monotonic() >= self._next_check:
             self.refresh()
         return self.ring.authenticate(token)
 
     def refresh(self) -> None:
         """Re-read the file if it changed since the last look."""
-        self._next_check = time.monotonic() + self._every
         signature = self._stat()
         if signature == self._signature:
+            self._next_check = time.monotonic() + (self._every if self.problem is None else self._retry)
             return
         self._signature = signature
         try:
@@ -220,10 +250,13 @@ class KeySet:
                 raise ValueError(f"{self._path}: cannot read the key file ({os.strerror(signature[1])})")
             ring = KeyRing(parse_keys(self._value))
         except (ValueError, OSError) as exc:
-            log.error("API keys not reloaded, the last good key set stays in use: %s", exc,
-                      extra={"path": str(self._path), "error": str(exc)})
+            self.ring, self.problem = KeyRing([]), str(exc)
+            self._next_check = time.monotonic() + self._retry
+            log.error("API keys could not be reloaded, no key is accepted until the file is valid again: %s",
+                      exc, extra={"path": str(self._path), "error": str(exc)})
             return
-        self.ring = ring
+        self.ring, self.problem = ring, None
+        self._next_check = time.monotonic() + self._every
         log.info("API keys reloaded", extra={"path": str(self._path), "keys": ring.size})
 
 

@@ -40,9 +40,13 @@ def serve(**flags):
               help="When the key stops working: ISO 8601 (UTC unless an offset is given) or Unix seconds.")
 def new_key(name: str, scopes: tuple[str, ...], expires_at: str | None):
     """Make a random API key; prints the key (give it to the client) and its DFLASH_API_KEYS entry."""
-    from .auth import key_entry_json, parse_expiry
+    from .auth import check_name, key_entry_json, parse_expiry
     from .auth import new_key as make
 
+    try:
+        check_name(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--name") from None
     try:
         expiry = parse_expiry(expires_at) if expires_at is not None else None
     except ValueError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Annotated
 
@@ -11,7 +12,7 @@ from dfp_shared.jobs import JobNotFound, JobRecord
 from fastapi import Depends, Path, Request
 from fastapi.exceptions import RequestValidationError
 
-from .auth import ANONYMOUS, Principal, format_expiry
+from .auth import ANONYMOUS, UNLOADABLE, Principal, format_expiry
 from .errors import ApiError
 from .settings import ApiSettings
 from .state import ApiState
@@ -70,6 +71,10 @@ def _reject_unknown_query(request: Request) -> None:
                                        "type": "extra_forbidden"} for name in unknown])
 
 
+def _expired(principal: Principal) -> str:
+    return f"API key expired at {format_expiry(datetime.fromtimestamp(principal.expires_at, timezone.utc))}"
+
+
 def require(scope: str):
     """A dependency: the caller named by the bearer key (401 if missing, unknown or expired), charged one
     request (429 over the key's rate), holding ``scope`` (403). One function on purpose: FastAPI's
@@ -86,10 +91,10 @@ def require(scope: str):
                                {"WWW-Authenticate": "Bearer"})
             principal = state.keyring.authenticate(token)
             if principal is None:
-                raise ApiError(401, "unauthenticated", "invalid API key", {"WWW-Authenticate": "Bearer"})
+                message = "invalid API key" if state.keyring.problem is None else UNLOADABLE
+                raise ApiError(401, "unauthenticated", message, {"WWW-Authenticate": "Bearer"})
             if principal.expires_at is not None and principal.expired(time.time()):
-                when = format_expiry(datetime.fromtimestamp(principal.expires_at, timezone.utc))
-                raise ApiError(401, "unauthenticated", f"API key expired at {when}",
+                raise ApiError(401, "unauthenticated", _expired(principal),
                                {"WWW-Authenticate": 'Bearer error="invalid_token"'})
         decision = await state.limiter.hit(principal.name)
         if not decision.allowed:
@@ -103,6 +108,31 @@ def require(scope: str):
 
     caller.__name__ = f"require_{scope}"
     return caller
+
+
+def key_recheck(request: Request, scope: str = "read") -> Callable[[JobRecord], str | None] | None:
+    """For a response that outlives its request (an event stream): a check, run at every poll, of the
+    request's key against the key set as it is now. It returns why the key no longer holds (revoked,
+    the key set failed to load, expired, scope gone, or the job no longer the key's to see), else
+    None. None instead of a check when auth is disabled. Not charged to the rate limit."""
+    keyring = request.app.state.api.keyring
+    if keyring is None:
+        return None
+    token = _bearer_token(request) or ""
+
+    def check(job: JobRecord) -> str | None:
+        principal = keyring.authenticate(token)
+        if principal is None:
+            return "this API key is no longer valid" if keyring.problem is None else UNLOADABLE
+        if principal.expired(time.time()):
+            return _expired(principal)
+        if not principal.allows(scope):
+            return f"this API key lacks the {scope!r} scope"
+        if not principal.may_see(job.owner):
+            return "this API key may no longer see the job"
+        return None
+
+    return check
 
 
 Reading = Annotated[Principal, Depends(require("read"))]

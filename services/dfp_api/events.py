@@ -5,12 +5,17 @@ with their stream id as the SSE id, so a client resumes with ``Last-Event-ID``. 
 stream checks the job's counters and sends a ``progress`` event when they changed (for a pipeline,
 also its current stage's counters, included as ``stage``). When the job
 is terminal the stream sends ``end`` (final state, error, outputs) and closes.
+
+A stream may stay open long after the request that opened it was authenticated, so at every poll
+``still_allowed`` re-checks the caller's key against the current key set and the job; when it no
+longer holds, the stream sends ``unauthorized`` (``{"error": "unauthenticated", "message"}``) and
+closes, before relaying anything more.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from dfp_shared.jobs import JobNotFound, JobRecord
 from fastapi.sse import ServerSentEvent
@@ -46,17 +51,21 @@ async def _current_stage(reader: AsyncJobReader, rec: JobRecord) -> JobRecord | 
 
 
 async def job_events(reader: AsyncJobReader, job_id: str, *, after: str = "0-0", poll_s: float = 1.0,
-                     max_s: float = 3600.0) -> AsyncIterator[ServerSentEvent]:
+                     max_s: float = 3600.0,
+                     still_allowed: Callable[[JobRecord], str | None] | None = None) -> AsyncIterator[ServerSentEvent]:
     deadline = time.monotonic() + max_s
     cursor = after
     last_seen = None
     last_sent = 0.0
     while True:
         rows = await reader.events(job_id, cursor, block_ms=max(1, int(poll_s * 1000)))
+        rec = await reader.get(job_id)
+        if still_allowed is not None and (reason := still_allowed(rec)) is not None:
+            yield ServerSentEvent(event="unauthorized", data={"error": "unauthenticated", "message": reason})
+            return
         for event_id, event_type, data in rows:
             cursor = event_id
             yield ServerSentEvent(event=event_type or "message", id=event_id, data=data)
-        rec = await reader.get(job_id)
         stage = await _current_stage(reader, rec)
         seen = (rec.state, rec.counters, rec.totals,
                 (stage.id, stage.state, stage.counters, stage.totals) if stage else None)

@@ -15,7 +15,18 @@ from prometheus_client import Counter
 from pydantic import TypeAdapter, ValidationError
 
 from . import service
-from .deps import ExistingJob, JobId, Reader, Reading, Settings, State, SyncRedis, Writing, visible
+from .deps import (
+    ExistingJob,
+    JobId,
+    Reader,
+    Reading,
+    Settings,
+    State,
+    SyncRedis,
+    Writing,
+    key_recheck,
+    visible,
+)
 from .events import job_events
 from .schemas import Health, Job, JobPage, JobRequest, JobSummary, JobType, error_responses
 
@@ -103,14 +114,16 @@ async def cancel_job(job_id: JobId, caller: Writing, r: SyncRedis) -> Job:
 @jobs.get("/{job_id}/events", response_class=EventSourceResponse,
           responses=error_responses(401, 403, 404, 422, 429, 503, explicit_json=True))
 async def job_event_stream(
-    job: ExistingJob, settings: Settings, reader: Reader,
+    job: ExistingJob, settings: Settings, reader: Reader, request: Request,
     last_event_id: Annotated[str, Header(alias="Last-Event-ID", pattern=r"^\d+-\d+$",
                                          description="Resume after this event id.")] = None,
 ) -> AsyncIterable[ServerSentEvent]:
     """Server-sent events: `state`, `stage` and worker events (with ids), `progress` snapshots, and a
-    final `end` when the job is finished."""
+    final `end` when the job is finished. The key is checked again at every poll: once it is revoked,
+    expired or may no longer see the job, the stream sends `unauthorized` and closes."""
     async for event in job_events(job_id=job.id, reader=reader, after=last_event_id or "0-0",
-                                  poll_s=settings.sse_poll_s, max_s=settings.sse_max_s):
+                                  poll_s=settings.sse_poll_s, max_s=settings.sse_max_s,
+                                  still_allowed=key_recheck(request)):
         yield event
 
 

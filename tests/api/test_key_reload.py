@@ -79,34 +79,76 @@ def test_a_key_file_edited_in_place_reloads_too(make_app, redis_client, tmp_path
     with TestClient(make_app(api_keys=str(path))) as client:
         assert client.get("/v1/jobs", headers=auth(WRITE_KEY)).status_code == 200
         path.write_text(json.dumps([entry("newcomer", NEW_KEY)]))
-        assert _status_within(client, WRITE_KEY, 401) == 401
-        assert client.get("/v1/jobs", headers=auth(NEW_KEY)).status_code == 200
+        assert _status_within(client, NEW_KEY, 200) == 200
+        assert client.get("/v1/jobs", headers=auth(WRITE_KEY)).status_code == 401
 
 
-def test_an_invalid_key_file_keeps_the_last_good_set_and_logs_why(make_app, redis_client, volume, caplog):
+UNLOADABLE = "the API key set could not be loaded; ask the operator"
+
+
+def _problems(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.ERROR and "API key" in r.getMessage()]
+
+
+def _refused_as_unloadable(client, key: str) -> None:
+    resp = client.get("/v1/jobs", headers=auth(key))
+    assert resp.status_code == 401, resp.text
+    assert resp.json()["error"] == "unauthenticated" and resp.json()["message"] == UNLOADABLE
+    assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize("bad,reason", [
+    ("[]", "empty"),
+    ("", "empty"),
+    (json.dumps([entry("reader", READ_KEY, ["read", "wirte"])]), "entry 0.scopes"),
+    (json.dumps([{"name": "x", "sha256": "abc"}]), "entry 0.sha256"),
+    ("[{not yaml", "not valid JSON/YAML"),
+    (json.dumps([entry("anonymous", NEW_KEY)]), "reserved"),
+])
+def test_a_key_file_that_becomes_invalid_fails_closed_and_logs_why(make_app, redis_client, volume, caplog,
+                                                                   bad, reason):
+    """The revoked writer key is gone from the new file, but the file does not load: no key works
+    (keeping the last good set would leave the revoked key working)."""
     caplog.set_level(logging.ERROR, logger="dfp_api")
     with TestClient(make_app(api_keys=str(volume.path))) as client:
         assert client.get("/v1/jobs", headers=auth(WRITE_KEY)).status_code == 200
-        volume.write(json.dumps([{"name": "x", "sha256": "abc"}]))
-        deadline = time.monotonic() + 10
-        while not any("keys" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
-            assert client.get("/v1/jobs", headers=auth(WRITE_KEY)).status_code == 200
-            time.sleep(0.1)
-        problem = next(r for r in caplog.records if "keys" in r.getMessage())
+        volume.write(bad)
+        assert _status_within(client, WRITE_KEY, 401) == 401
+        _refused_as_unloadable(client, WRITE_KEY)
+        _refused_as_unloadable(client, READ_KEY)
+        assert client.get("/v1/jobs", headers=auth(NEW_KEY)).status_code == 401
+        problem = _problems(caplog)[-1]
         text = problem.getMessage() + " " + str(vars(problem))
-        assert str(volume.path) in text and "entry 0.sha256" in text
-        assert WRITE_KEY not in text
-        assert client.get("/v1/jobs", headers=auth(WRITE_KEY)).status_code == 200
+        assert str(volume.path) in text and reason in text, text
+        assert WRITE_KEY not in text and READ_KEY not in text
+        # a valid file again restores service
+        volume.write(json.dumps([entry("reader", READ_KEY, ["read"]), entry("newcomer", NEW_KEY)]))
+        assert _status_within(client, NEW_KEY, 200) == 200
         assert client.get("/v1/jobs", headers=auth(READ_KEY)).status_code == 200
-        # a file that disappears keeps the last good set too
-        volume.path.unlink()
-        time.sleep(1.2)
+        assert client.get("/v1/jobs", headers=auth(WRITE_KEY)).status_code == 401
+
+
+def test_a_key_file_that_disappears_fails_closed_until_it_returns(make_app, redis_client, volume, caplog):
+    caplog.set_level(logging.ERROR, logger="dfp_api")
+    with TestClient(make_app(api_keys=str(volume.path))) as client:
         assert client.get("/v1/jobs", headers=auth(WRITE_KEY)).status_code == 200
-        # and a good file again takes effect
+        volume.path.unlink()
+        assert _status_within(client, WRITE_KEY, 401) == 401
+        _refused_as_unloadable(client, WRITE_KEY)
+        _refused_as_unloadable(client, READ_KEY)
+        problem = _problems(caplog)[-1]
+        text = problem.getMessage() + " " + str(vars(problem))
+        assert str(volume.path) in text and "No such file" in text, text
+        # logged once, not on every request
+        for _ in range(3):
+            _refused_as_unloadable(client, WRITE_KEY)
+            time.sleep(0.4)
+        assert len(_problems(caplog)) == 1
         volume.path.symlink_to("..data/keys")
         volume.write(json.dumps([entry("newcomer", NEW_KEY)]))
         assert _status_within(client, NEW_KEY, 200) == 200
         assert client.get("/v1/jobs", headers=auth(WRITE_KEY)).status_code == 401
+        assert client.get("/v1/jobs", headers=auth(WRITE_KEY)).json()["message"] == "invalid API key"
 
 
 def test_an_expired_key_is_refused_saying_it_expired(make_app, redis_client):
@@ -138,6 +180,26 @@ def test_bad_expiry_names_the_entry_and_field(monkeypatch):
         load_settings(ApiSettings, api_keys=bad)
     iso = json.dumps([entry("x", WRITE_KEY, expires_at="2030-01-01T00:00:00Z")])
     assert load_settings(ApiSettings, api_keys=iso).api_keys == iso
+
+
+@pytest.mark.parametrize("name", ["anonymous", "Anonymous", "ANONYMOUS"])
+def test_the_name_anonymous_is_reserved(monkeypatch, tmp_path, name):
+    """``anonymous`` owns the jobs created with auth disabled and ownerless outputs: no key may hold it."""
+    from dfp_api.auth import parse_keys
+    from dfp_api.cli import group
+
+    monkeypatch.delenv("DFLASH_API_KEYS", raising=False)
+    keys = json.dumps([entry("writer", WRITE_KEY), entry(name, NEW_KEY)])
+    with pytest.raises(ValueError, match=r"entry 1\.name.*reserved"):
+        parse_keys(keys)
+    with pytest.raises(ConfigError, match="reserved"):
+        load_settings(ApiSettings, api_keys=keys)
+    path = tmp_path / "keys.json"
+    path.write_text(keys)
+    with pytest.raises(ConfigError, match="reserved"):
+        load_settings(ApiSettings, api_keys=str(path))
+    out = CliRunner().invoke(group, ["new-key", "--name", name])
+    assert out.exit_code != 0 and "reserved" in out.output and "dfp_" not in out.output
 
 
 def test_new_key_takes_an_expiry_and_the_admin_scope():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import click
-from dfp_shared.cli_support import common_options, settings_or_exit
+from dfp_shared.cli_support import with_settings
+
+from .settings import ApiSettings
 
 
 @click.group(name="api")
@@ -12,22 +14,11 @@ def group():
 
 
 @group.command()
-@common_options
-@click.option("--host", default=None, help="Bind address [env DFLASH_HOST].")
-@click.option("--port", type=int, default=None, help="HTTP port [env DFLASH_PORT].")
-@click.option("--workers", type=int, default=None, help="Uvicorn worker processes [env DFLASH_WORKERS].")
-@click.option("--api-keys", default=None, help="Key hashes: JSON list or file path [env DFLASH_API_KEYS].")
-@click.option("--auth-disabled/--auth-enabled", default=None, help="Accept unauthenticated requests [env DFLASH_AUTH_DISABLED].")
-@click.option("--rate-limit-per-s", type=float, default=None, help="Requests/s per key, 0 = off [env DFLASH_RATE_LIMIT_PER_S].")
-@click.option("--rate-limit-burst", type=int, default=None, help="Burst size per key [env DFLASH_RATE_LIMIT_BURST].")
-@click.option("--max-body-bytes", type=int, default=None, help="Largest request body, bytes [env DFLASH_MAX_BODY_BYTES].")
-@click.option("--access-log/--no-access-log", default=None, help="Log each request [env DFLASH_ACCESS_LOG].")
-def serve(**flags):
-    """Serve the REST API (HTTP, /healthz /readyz /metrics, OpenAPI at /docs)."""
+@with_settings(ApiSettings, "api", aliases={"auth_disabled": (" /--auth-enabled",)})
+def serve(settings: ApiSettings):
+    """Serve the REST API (HTTP, /healthz /readyz /metrics, OpenAPI at /docs); keys come from DFLASH_API_KEYS."""
     from .server import serve as run_server
-    from .settings import ApiSettings
 
-    settings = settings_or_exit(ApiSettings, "api", **flags)
     run_server(settings)
 
 

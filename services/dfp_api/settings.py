@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dfp_shared.config import CommonSettings
+from dfp_shared.config import SECRET, CommonSettings
 from pydantic import Field, ValidationInfo, field_validator
 
 
@@ -16,7 +16,7 @@ class ApiSettings(CommonSettings):
         False, description="Accept requests without a key (local demo only; every caller gets all scopes)."
     )
     api_keys: str | None = Field(
-        None,
+        None, json_schema_extra=SECRET,
         description='API keys: a JSON/YAML list of {"name", "sha256", "scopes": ["read","write","admin"], '
         '"expires_at"?}, or the path of a file holding it (a mounted Secret; re-read when it changes).',
     )

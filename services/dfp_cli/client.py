@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 import httpx
 import yaml
+from dfp_shared.cli_support import apply_assignments, put_field
 from dfp_shared.specs import SPECS
 
 from .client_view import job_table, job_view, watch_job
@@ -62,25 +63,6 @@ def api_options(fn):
     return fn
 
 
-def _value(text: str):
-    """A flag value as YAML (numbers, booleans, lists), strings left as they are."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return text if value is None or isinstance(value, (dict, str)) else value
-
-
-def _put(spec: dict, dotted: str, value) -> None:
-    parts = dotted.split(".")
-    node = spec
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise click.BadParameter(f"{dotted}: {part} is not a mapping")
-    node[parts[-1]] = value
-
-
 def build_spec(spec_file: str | None, sets: tuple[str, ...], fields: dict) -> dict:
     spec: dict = {}
     if spec_file:
@@ -92,22 +74,14 @@ def build_spec(spec_file: str | None, sets: tuple[str, ...], fields: dict) -> di
         if not isinstance(loaded, dict):
             raise click.BadParameter(f"{spec_file}: expected a mapping of spec fields", param_hint="--file")
         spec = loaded.get("spec", loaded) if set(loaded) <= {"type", "spec"} and "spec" in loaded else loaded
-    for item in sets:
-        if "=" not in item:
-            raise click.BadParameter(f"{item!r}: expected FIELD=VALUE", param_hint="--set")
-        key, text = item.split("=", 1)
-        _put(spec, key.strip(), _value(text))
+    apply_assignments(spec, sets, "--set")
     for name, value in fields.items():
         if value is None or value == ():
             continue
         if isinstance(value, tuple):  # a stage mapping given as repeated KEY=VALUE
-            for item in value:
-                if "=" not in item:
-                    raise click.BadParameter(f"{item!r}: expected FIELD=VALUE", param_hint=f"--{name}")
-                key, text = item.split("=", 1)
-                _put(spec, f"{name}.{key.strip()}", _value(text))
+            apply_assignments(spec, value, f"--{name}", prefix=name)
         else:
-            _put(spec, name, value)
+            put_field(spec, name, value)
     return spec
 
 

@@ -1,22 +1,36 @@
-"""Typed settings: one env-var prefix (``DFLASH_``) or a CLI flag for every setting.
+"""Typed settings: one env-var prefix (``DFLASH_``) or a CLI flag for every setting but the secrets.
 
 Each service defines a ``BaseSettings`` subclass built on :class:`CommonSettings`; its entry
 point calls :func:`load_settings` with the CLI flags that were given, which override the
 environment. An invalid value raises :class:`ConfigError` naming the variable and the reason.
+A secret (:func:`is_secret`) comes from the environment only.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TypeVar, get_args
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretBytes, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "DFLASH_"
 
 
+SECRET = {"secret": True}
+"""``json_schema_extra`` of a settings field holding credentials: environment only, never a CLI flag."""
+
+
 class ConfigError(ValueError):
     """A setting is missing or invalid; the message names the environment variable."""
+
+
+def is_secret(field: FieldInfo) -> bool:
+    """Whether a settings field holds credentials (a ``SecretStr``, or marked :data:`SECRET`)."""
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and extra.get("secret"):
+        return True
+    return any(t in (SecretStr, SecretBytes) for t in (field.annotation, *get_args(field.annotation)))
 
 
 class CommonSettings(BaseSettings):
@@ -35,7 +49,7 @@ class CommonSettings(BaseSettings):
         None, description="S3-compatible endpoint URL (MinIO, moto, ...); unset means AWS."
     )
     s3_region: str = Field("us-east-1", description="S3 region name.")
-    log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="Log level.")
+    log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="Log level: DEBUG, INFO, WARNING or ERROR.")
     log_json: bool = Field(True, description="Structured JSON logs (false: human-readable lines).")
     metrics_port: int = Field(0, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; 0 disables it.")
 
@@ -60,6 +74,8 @@ def load_settings(settings_cls: type[S], **overrides) -> S:
         problems = []
         for err in exc.errors():
             field = str(err["loc"][0]) if err["loc"] else "?"
-            source = f"--{field.replace('_', '-')}" if field in given else env_name(settings_cls, field)
+            info = settings_cls.model_fields.get(field)
+            flag = field in given and not (info is not None and is_secret(info))
+            source = f"--{field.replace('_', '-')}" if flag else env_name(settings_cls, field)
             problems.append(f"{source}: {err['msg']} (got {err.get('input')!r})")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

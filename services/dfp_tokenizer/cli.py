@@ -5,19 +5,11 @@ from __future__ import annotations
 import json
 
 import click
-from dfp_shared.cli_support import common_options, settings_or_exit
+from dfp_shared.cli_support import idle_exit_option, with_settings
 
+from .settings import TokenizerSettings
 
-def pool_options(fn):
-    opts = [
-        click.option("--processes", default=None, help="Worker processes: 'auto' (one per core) or N [env DFLASH_PROCESSES]."),
-        click.option("--threads", type=int, default=None, help="Task threads per process [env DFLASH_THREADS]."),
-        click.option("--lease-ms", type=int, default=None, help="Task lease in ms [env DFLASH_LEASE_MS]."),
-        click.option("--cache-dir", default=None, help="Cache for tokenizers on object storage [env DFLASH_CACHE_DIR]."),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
+tokenizer_settings = with_settings(TokenizerSettings, "tokenizer")
 
 
 @click.group(name="tokenizer")
@@ -26,17 +18,13 @@ def group():
 
 
 @group.command()
-@common_options
-@pool_options
-@click.option("--idle-exit-s", type=float, default=None, help="Exit after this many idle seconds (default: never).")
-def worker(idle_exit_s, **flags):
+@tokenizer_settings
+@idle_exit_option
+def worker(settings: TokenizerSettings, idle_exit_s):
     """Consume tokenize tasks (plan, files, finalize) with one process per core."""
     import os
     import tempfile
 
-    from .settings import TokenizerSettings
-
-    settings = settings_or_exit(TokenizerSettings, "tokenizer", **flags)
     n = settings.process_count()
     if n > 1 and settings.metrics_port:  # before prometheus_client loads: one /metrics for all processes
         os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="dfp-tokenizer-metrics-"))
@@ -50,8 +38,7 @@ def worker(idle_exit_s, **flags):
 
 
 @group.command()
-@common_options
-@pool_options
+@tokenizer_settings
 @click.option("--input", "input_", required=True, help="Completion JSONL file or prefix (file://, s3:// or a path).")
 @click.option("--output", required=True, help="Dataset prefix for shards, manifest, stats and errors.")
 @click.option("--tokenizer", "tokenizer", required=True, help="Hugging Face tokenizer directory (local or s3://).")
@@ -61,14 +48,13 @@ def worker(idle_exit_s, **flags):
 @click.option("--max-length", type=int, default=None, help="Longest sample in tokens.")
 @click.option("--truncation", type=click.Choice(["drop", "truncate"]), default=None, help="Policy over max-length.")
 @click.option("--spec-json", default=None, help="Further TokenizeSpec fields as a JSON object.")
-def run(input_, output, tokenizer, thinking, train_reasoning, train_turns, max_length, truncation, spec_json, **flags):
+def run(input_, output, tokenizer, thinking, train_reasoning, train_turns, max_length, truncation, spec_json,
+        settings: TokenizerSettings):
     """Submit a tokenize job to Redis and run the worker pool here until it ends, with a progress bar."""
     from pydantic import ValidationError
 
     from .local import run_job
-    from .settings import TokenizerSettings
 
-    settings = settings_or_exit(TokenizerSettings, "tokenizer", **flags)
     spec = {k: v for k, v in dict(input=input_, output=output, tokenizer=tokenizer, thinking=thinking,
                                  train_reasoning=train_reasoning, train_turns=train_turns, max_length=max_length,
                                  truncation=truncation).items() if v is not None}

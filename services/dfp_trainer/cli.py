@@ -5,18 +5,11 @@ from __future__ import annotations
 import json
 
 import click
-from dfp_shared.cli_support import common_options, settings_or_exit
+from dfp_shared.cli_support import apply_assignments, max_tasks_option, with_settings
 
 from .settings import TrainerSettings
 
-
-def _trainer_options(fn):
-    fn = click.option("--target-url", default=None, help="The target named `default`: inprocess or gRPC "
-                                                           "address(es) [env DFLASH_TARGET_URL].")(fn)
-    fn = click.option("--device", default=None, help="auto, cpu, cuda [env DFLASH_DEVICE].")(fn)
-    fn = click.option("--nproc-per-node", type=int, default=None,
-                      help="Training processes; >1 runs torchrun [env DFLASH_NPROC_PER_NODE].")(fn)
-    return common_options(fn)
+trainer_settings = with_settings(TrainerSettings, "trainer")
 
 
 @click.group(name="trainer")
@@ -25,10 +18,10 @@ def group():
 
 
 @group.command()
-@_trainer_options
-@click.option("--max-tasks", type=int, default=None, help="Exit after this many train tasks.")
+@trainer_settings
+@max_tasks_option
 @click.option("--idle-exit", type=float, default=None, help="Exit after this many idle seconds.")
-def worker(max_tasks, idle_exit, **flags):
+def worker(settings: TrainerSettings, max_tasks, idle_exit):
     """Claim train jobs from the Redis stream and run them (resuming from checkpoints)."""
     from dfp_shared.jobs import JobStore
     from dfp_shared.metrics import start_metrics_server
@@ -38,7 +31,6 @@ def worker(max_tasks, idle_exit, **flags):
 
     from .worker import TrainHandler
 
-    settings = settings_or_exit(TrainerSettings, "trainer", **flags)
     start_metrics_server(settings.metrics_port)
     r = connect(settings.redis_url)
     queue = TaskQueue(r, "train", lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
@@ -48,28 +40,19 @@ def worker(max_tasks, idle_exit, **flags):
 
 
 @group.command()
-@_trainer_options
+@trainer_settings
 @click.option("--dataset", required=True, help="Token dataset prefix.")
 @click.option("--target", required=True, help="Target model directory.")
 @click.option("--output", required=True, help="Output prefix (checkpoints, drafter, report).")
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Any train spec field, e.g. steps=200.")
 @click.option("--no-resume", is_flag=True, help="Ignore existing checkpoints.")
-def train(dataset, target, output, overrides, no_resume, **flags):
+def train(dataset, target, output, overrides, no_resume, settings: TrainerSettings):
     """Run one training directly (no Redis): resumes from the output's latest checkpoint."""
     from dfp_shared.specs.train import TrainSpec
 
     from .run import EXIT_STOPPED, install_stop_flag, run_local
 
-    settings = settings_or_exit(TrainerSettings, "trainer", **flags)
-    fields = {"dataset": dataset, "target": target, "output": output}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.UsageError(f"--set {item!r}: expected FIELD=VALUE")
-        try:
-            fields[key] = json.loads(value)
-        except json.JSONDecodeError:
-            fields[key] = value
+    fields = apply_assignments({"dataset": dataset, "target": target, "output": output}, overrides)
     try:
         spec = TrainSpec.model_validate(fields)
     except ValueError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import click
-from dfp_shared.cli_support import idle_exit_option, max_tasks_option, with_settings
+from dfp_shared.cli_support import idle_exit_option, max_tasks_option, run_worker, with_settings
 
 from .settings import GenerationSettings
 
@@ -24,15 +24,12 @@ def group():
 @idle_exit_option
 def worker(settings: GenerationSettings, max_tasks, idle_exit_s):
     """Consume generate tasks (plan, shards, finalize) from the Redis stream."""
-    from dfp_shared.metrics import start_metrics_server
     from dfp_shared.redis_conn import connect
 
     from .tasks import GenerationHandler, GenerationWorker
 
-    start_metrics_server(settings.metrics_port)
     worker = GenerationWorker(GenerationHandler(connect(settings.redis_url), settings))
-    worker.install_signal_handlers()
-    worker.run(max_tasks=max_tasks, idle_exit_s=idle_exit_s)
+    run_worker(worker, settings.metrics_port, max_tasks=max_tasks, idle_exit_s=idle_exit_s)
 
 
 @group.command()

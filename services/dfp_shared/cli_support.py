@@ -125,6 +125,15 @@ idle_exit_option = click.option("--idle-exit-s", type=float, default=None,
                                 help="Exit after this many idle seconds (default: never).")
 
 
+def run_worker(worker, metrics_port: int, *, max_tasks: int | None = None, idle_exit_s: float | None = None) -> None:
+    """Serve /metrics (0: not), stop cleanly on SIGTERM, and run a :class:`~dfp_shared.worker.Worker` loop."""
+    from .metrics import start_metrics_server
+
+    start_metrics_server(metrics_port)
+    worker.install_signal_handlers()
+    worker.run(max_tasks=max_tasks, idle_exit_s=idle_exit_s)
+
+
 def parse_value(text: str) -> Any:
     """The value of a FIELD=VALUE pair: JSON (numbers, true/false/null, "quoted", objects, arrays), else a YAML
     flow list or mapping (``[a, b]``), boolean (``yes``, ``True``) or null (``~``); any other text is itself."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import click
-from dfp_shared.cli_support import apply_assignments, max_tasks_option, with_settings
+from dfp_shared.cli_support import apply_assignments, max_tasks_option, run_worker, with_settings
 
 from .settings import TrainerSettings
 
@@ -24,19 +24,16 @@ def group():
 def worker(settings: TrainerSettings, max_tasks, idle_exit):
     """Claim train jobs from the Redis stream and run them (resuming from checkpoints)."""
     from dfp_shared.jobs import JobStore
-    from dfp_shared.metrics import start_metrics_server
     from dfp_shared.queue import TaskQueue
     from dfp_shared.redis_conn import connect
     from dfp_shared.worker import Worker
 
     from .worker import TrainHandler
 
-    start_metrics_server(settings.metrics_port)
     r = connect(settings.redis_url)
     queue = TaskQueue(r, "train", lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
-    w = Worker(queue, JobStore(r), TrainHandler(settings, r))
-    w.install_signal_handlers()
-    w.run(max_tasks=max_tasks, idle_exit_s=idle_exit)
+    worker = Worker(queue, JobStore(r), TrainHandler(settings, r))
+    run_worker(worker, settings.metrics_port, max_tasks=max_tasks, idle_exit_s=idle_exit)
 
 
 @group.command()

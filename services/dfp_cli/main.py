@@ -70,7 +70,7 @@ def cli():
     """dflash-pipeline: prompts in, a trained DFlash speculative-decoding drafter out.
 
     Every setting comes from a flag or an environment variable with the DFLASH_ prefix
-    (flag --redis-url = DFLASH_REDIS_URL).
+    (flag --redis-url = DFLASH_REDIS_URL); flags win. Secrets come from the environment only.
     """
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import re
 from pathlib import Path
+from typing import Literal
 
 import click
 import pytest
@@ -13,6 +14,7 @@ from dfp_cli.main import cli
 from dfp_shared.cli_support import apply_assignments, parse_value, with_settings
 from dfp_shared.config import CommonSettings, env_name, is_secret
 from dfp_target.settings import TargetSettings
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
@@ -168,3 +170,28 @@ def test_field_value_pairs():
         apply_assignments({}, ["steps"])
     with pytest.raises(click.BadParameter, match="a is not a mapping"):
         apply_assignments({"a": 1}, ["a.b=2"])
+
+
+class _Kinds(CommonSettings):
+    mode: Literal["fast", "exact"] = Field("fast", description="A choice.")
+    where: Path = Field(Path("/tmp"), description="A path.")
+    limits: dict[str, int] = Field(default_factory=dict, description="A JSON mapping.")
+    token: SecretStr | None = Field(None, description="A credential.")
+
+
+@click.command()
+@with_settings(_Kinds, "test")
+def _kinds(settings: _Kinds):
+    click.echo(repr((settings.mode, settings.where, settings.limits)))
+
+
+def test_flag_kinds_follow_the_annotations():
+    params = {p.name: p for p in _kinds.params}
+    assert isinstance(params["mode"].type, click.Choice) and list(params["mode"].type.choices) == ["fast", "exact"]
+    assert params["where"].type.name == "path" and params["limits"].type.name == "json" and "token" not in params
+    result = CliRunner().invoke(_kinds, ["--mode", "exact", "--where", "/srv", "--limits", '{"a": 2}',
+                                         "--log-level", "WARNING"])
+    assert result.output.strip() == repr(("exact", Path("/srv"), {"a": 2}))
+    result = CliRunner().invoke(_kinds, ["--mode", "slow", "--limits", "[1]"])
+    assert result.exit_code == 2 and "invalid configuration: --mode: Input should be 'fast' or 'exact'" in result.output
+    assert "--limits: Input should be a valid dictionary" in result.output

@@ -98,7 +98,7 @@ QWEN3_8B = Shape("Qwen3-8B target, 5-layer drafter (public recipe)", hidden=4096
                  gen_new_tokens=64, steps=6, warmup=2)
 TINY = Shape("tiny (CPU rehearsal)", hidden=64, layers=8, heads=4, kv_heads=2, head_dim=16, intermediate=128,
              vocab=4096, draft_layers=5, block=4, anchors=8, tokens=64, target_batch_tokens=256,
-             gen_batch_sizes=(1, 4), gen_prompt_tokens=8, gen_new_tokens=4, steps=3, warmup=2)
+             gen_batch_sizes=(1, 4), gen_prompt_tokens=8, gen_new_tokens=4, steps=2, warmup=1)
 
 
 def layer_ids(shape: Shape) -> list[int]:

@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint install protos bench clean
+.PHONY: demo test lint install protos bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ protos: $(STAMP)
 
 bench: $(STAMP)
 	@for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# the CUDA paths measured on this machine's GPU in under eight minutes (a CPU rehearsal without one)
+gpu-check: $(STAMP)
+	$(BIN)/python tests/benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache dflash-data demo-output

@@ -1,5 +1,5 @@
 """Held-out objective metrics of a run: loss, accuracy and accuracy per block position on the
-evaluation samples (kept out of training by :func:`~dfp_trainer.train.prepare`), for the trained
+evaluation samples (kept out of training by :func:`~dfp_trainer.prepare.prepare`), for the trained
 drafter and for the same drafter at its initial weights.
 
 Hidden states come from the run's own hidden-state source, so the features are those training saw;

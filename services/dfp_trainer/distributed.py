@@ -114,7 +114,15 @@ def wrap_model(model: torch.nn.Module, info: DistInfo, bucket_cap_mb: float = 25
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    """The drafter inside its wrappers: DDP / DataParallel keep it in ``.module``, ``torch.compile`` in
+    ``._orig_mod`` (nested in any order)."""
+    while True:
+        if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
 
 
 def reduce_metrics(metrics: dict[str, float], info: DistInfo, op: str = "mean") -> dict[str, float]:

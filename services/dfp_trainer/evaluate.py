@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from .attention import decode_masks
+from .data import Batch
+from .distributed import unwrap
 from .objective import dflash_loss
 
 
@@ -122,22 +124,18 @@ def default_stop_ids(tokenizer) -> list[int]:
     return sorted(ids)
 
 
-def acceptance_length(drafter, target_model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int,
-                      enable_thinking: bool, layer_ids: Sequence[int] | None = None,
-                      stop_token_ids: Sequence[int] | None = None) -> dict:
-    """Mean tokens emitted per verify step over the prompts (the acceptance length tau), and details."""
-    if not prompts:
-        raise ValueError("no evaluation prompts")
+def acceptance(drafter, target_model, prompts: Iterable[torch.Tensor], *, max_new_tokens: int,
+               stop_token_ids: Sequence[int], layer_ids: Sequence[int] | None = None) -> dict:
+    """Tau (tokens emitted per verify step) over token-id prompts by speculative decoding, with the
+    steps, new tokens and tau of each prompt and the histogram of accepted drafts."""
     was_training = drafter.training
     drafter.eval()
-    stops = default_stop_ids(tokenizer) if stop_token_ids is None else list(stop_token_ids)
     dev = drafter.fc.weight.device
     per_prompt, hist, total_tokens, total_steps = [], [0] * drafter.config.block_size, 0, 0
     try:
-        for messages in prompts:
-            ids = torch.tensor(chat_prompt_ids(tokenizer, messages, enable_thinking), dtype=torch.long, device=dev)
-            out = speculative_decode(drafter, target_model, ids, max_new_tokens=max_new_tokens,
-                                     layer_ids=layer_ids, stop_token_ids=stops)
+        for ids in prompts:
+            out = speculative_decode(drafter, target_model, ids.to(dev), max_new_tokens=max_new_tokens,
+                                     layer_ids=layer_ids, stop_token_ids=stop_token_ids)
             tokens, steps = sum(out["steps"]), len(out["steps"])
             per_prompt.append({"tau": tokens / steps if steps else 0.0, "steps": steps, "new_tokens": tokens})
             hist = [a + b for a, b in zip(hist, out["accepted_hist"])]
@@ -145,19 +143,29 @@ def acceptance_length(drafter, target_model, tokenizer, prompts: list[list[dict]
     finally:
         drafter.train(was_training)
     return {"tau": total_tokens / total_steps if total_steps else 0.0, "per_prompt": per_prompt,
-            "accepted_hist": hist, "steps": total_steps, "new_tokens": total_tokens,
-            "enable_thinking": enable_thinking}
+            "accepted_hist": hist, "steps": total_steps, "new_tokens": total_tokens}
+
+
+def acceptance_length(drafter, target_model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int,
+                      enable_thinking: bool, layer_ids: Sequence[int] | None = None,
+                      stop_token_ids: Sequence[int] | None = None) -> dict:
+    """Mean tokens emitted per verify step over chat prompts (the acceptance length tau), and details."""
+    if not prompts:
+        raise ValueError("no evaluation prompts")
+    stops = default_stop_ids(tokenizer) if stop_token_ids is None else list(stop_token_ids)
+    ids = (torch.tensor(chat_prompt_ids(tokenizer, messages, enable_thinking), dtype=torch.long) for messages in prompts)
+    result = acceptance(drafter, target_model, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
+                        layer_ids=layer_ids)
+    return {**result, "enable_thinking": enable_thinking}
 
 
 @torch.no_grad()
-def heldout_metrics(drafter, batches: Iterable[tuple[torch.Tensor, ...]], *, max_anchors: int = 512,
-                    gamma: float = 7.0, seed: int = 0) -> dict:
-    """The objective's loss, accuracy and per-position accuracy over held-out batches.
-
-    Each batch is ``(input_ids, loss_mask, target_hidden, lengths)``; anchors are sampled from
-    ``seed`` so repeated evaluations compare alike.
+def heldout_metrics(drafter, batches: Iterable[Batch], *, max_anchors: int = 512, gamma: float = 7.0,
+                    seed: int = 0) -> dict:
+    """The objective's loss, accuracy and per-position accuracy over held-out batches (with their
+    ``target_hidden``); anchors are sampled from ``seed`` so repeated evaluations compare alike.
     """
-    model = getattr(drafter, "module", drafter)
+    model = unwrap(drafter)
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
@@ -166,9 +174,8 @@ def heldout_metrics(drafter, batches: Iterable[tuple[torch.Tensor, ...]], *, max
             "num_blocks": 0.0, "accepted_sum": 0.0}
     pos_correct, pos_count = [0.0] * (b - 1), [0.0] * (b - 1)
     try:
-        for input_ids, loss_mask, target_hidden, lengths in batches:
-            _, m = dflash_loss(model, input_ids, loss_mask, target_hidden, lengths, max_anchors=max_anchors,
-                               gamma=gamma, generator=gen)
+        for batch in batches:
+            _, m = dflash_loss(model, batch, max_anchors=max_anchors, gamma=gamma, generator=gen)
             for key in sums:
                 sums[key] += m[key]
             pos_correct = [a + c for a, c in zip(pos_correct, m["per_position_correct"])]

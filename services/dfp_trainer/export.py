@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .distributed import unwrap
 from .model import DFlashDrafter, DrafterConfig
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -91,7 +92,7 @@ def export_drafter(drafter: nn.Module, out_dir: str | os.PathLike, dtype: torch.
     """Write ``config.json`` and ``model.safetensors`` to ``out_dir`` (files replaced atomically)."""
     from safetensors.torch import save_file
 
-    model = getattr(drafter, "module", drafter)
+    model = unwrap(drafter)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = model.state_dict()

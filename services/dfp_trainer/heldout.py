@@ -1,5 +1,5 @@
 """Held-out objective metrics of a run: loss, accuracy and accuracy per block position on the
-evaluation samples (kept out of training by :func:`~dfp_trainer.train.prepare`), for the trained
+evaluation samples (kept out of training by :func:`~dfp_trainer.prepare.prepare`), for the trained
 drafter and for the same drafter at its initial weights.
 
 Hidden states come from the run's own hidden-state source, so the features are those training saw;
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .data import collate
+from .data import Batch, collate
 from .evaluate import heldout_metrics
 from .stages import fetch_hidden
 
@@ -30,14 +30,14 @@ def initial_weights(setup, drafter) -> Iterator[None]:
         drafter.load_state_dict(trained)
 
 
-def heldout_batches(setup, device: torch.device, batch_size: int = 4) -> Iterator[tuple[torch.Tensor, ...]]:
-    """``(input_ids, loss_mask, target_hidden, lengths)`` of the evaluation samples, on ``device``."""
+def heldout_batches(setup, device: torch.device, batch_size: int = 4) -> Iterator[Batch]:
+    """The evaluation samples in batches with their target features, on ``device``."""
     index = setup.eval_index
     for start in range(0, index.numel(), batch_size):
         batch = collate(setup.dataset, index[start:start + batch_size], setup.spec.max_length)
-        hidden = asyncio.run(fetch_hidden(setup.source, batch.sequences(), setup.layer_ids,
-                                          setup.max_tokens_per_request))
-        yield (batch.input_ids.to(device), batch.loss_mask.to(device), hidden.to(device), batch.lengths.to(device))
+        batch.target_hidden = asyncio.run(fetch_hidden(setup.source, batch.sequences(), setup.layer_ids,
+                                                       setup.max_tokens_per_request))
+        yield batch.to(device)
 
 
 def evaluate_heldout(setup, drafter) -> dict:

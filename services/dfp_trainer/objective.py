@@ -18,10 +18,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .attention import training_masks
-
-
-def _unwrap(model):
-    return getattr(model, "module", model)  # DDP / compile wrappers keep the drafter in .module
+from .data import Batch
+from .distributed import unwrap
 
 
 def sample_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, max_anchors: int,
@@ -69,20 +67,20 @@ def _chunk_loss(hidden: torch.Tensor, labels: torch.Tensor, weights: torch.Tenso
     return (ce * weights).sum(), correct
 
 
-def dflash_loss(drafter, input_ids: torch.Tensor, loss_mask: torch.Tensor, target_hidden: torch.Tensor,
-                lengths: torch.Tensor, *, max_anchors: int = 512, gamma: float = 7.0, noise_std: float = 0.0,
+def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float = 7.0, noise_std: float = 0.0,
                 generator: torch.Generator | None = None, logits_chunk: int = 4096,
                 attention_backend: str = "auto") -> tuple[torch.Tensor, dict]:
     """Weighted block cross-entropy of a batch and its metrics.
 
-    input_ids (S, T) long, loss_mask (S, T) 0/1, target_hidden (S, T, K*H) = target features of every
-    position, lengths (S,) valid tokens per row. ``generator`` drives anchor sampling and feature noise.
-    Metrics are plain floats (and lists of floats); the ``*_sum``/``*_count`` entries add up across
-    batches and ranks.
+    The batch's input_ids (S, T) integer, loss_mask (S, T) 0/1, target_hidden (S, T, K*H) = target
+    features of every position, lengths (S,) valid tokens per row. ``generator`` drives anchor sampling
+    and feature noise. Metrics are plain floats (and lists of floats); the ``*_sum``/``*_count`` entries
+    add up across batches and ranks.
     """
-    model = _unwrap(drafter)
+    model = unwrap(drafter)
     cfg = model.config
     b = cfg.block_size
+    input_ids, loss_mask, target_hidden, lengths = batch.input_ids, batch.loss_mask, batch.target_hidden, batch.lengths
     _check_inputs(input_ids, loss_mask, target_hidden, lengths, model.fc.in_features)
     if gamma <= 0 or logits_chunk < 1 or max_anchors < 1:
         raise ValueError(f"gamma ({gamma}), logits_chunk ({logits_chunk}) and max_anchors ({max_anchors}) "
@@ -165,6 +163,8 @@ def _check_inputs(input_ids, loss_mask, target_hidden, lengths, width: int) -> N
         raise ValueError(f"input_ids must be an integer tensor; got {input_ids.dtype}")
     if loss_mask.shape != input_ids.shape:
         raise ValueError(f"loss_mask shape {tuple(loss_mask.shape)} differs from input_ids {tuple(input_ids.shape)}")
+    if target_hidden is None:
+        raise ValueError("the batch has no target_hidden (the target features of its positions)")
     if target_hidden.shape[:2] != input_ids.shape or target_hidden.shape[-1] != width:
         raise ValueError(f"target_hidden shape {tuple(target_hidden.shape)} does not match input_ids "
                          f"{tuple(input_ids.shape)} and feature width {width}")

@@ -15,8 +15,11 @@ import logging
 from pathlib import Path
 
 import torch
+from dfp_shared.models import load_causal_lm
 from dfp_shared.storage import open_store
 
+from . import export
+from .evaluate import acceptance, default_stop_ids
 from .heldout import evaluate_heldout, initial_weights
 from .settings import scratch_dir
 
@@ -36,32 +39,12 @@ def eval_prompts(setup) -> list[torch.Tensor]:
     return prompts
 
 
-def acceptance(drafter, target, tokenizer, prompts: list[torch.Tensor], *, max_new_tokens: int,
-               layer_ids: list[int]) -> dict:
-    """τ over token-id prompts by real speculative decoding (the evaluator's decode loop, greedy verify)."""
-    from .evaluate import default_stop_ids, speculative_decode
-
-    stops = default_stop_ids(tokenizer)
-    dev = drafter.fc.weight.device
-    tokens = steps = 0
-    per_prompt = []
-    for ids in prompts:
-        out = speculative_decode(drafter, target, ids.to(dev), max_new_tokens=max_new_tokens, layer_ids=layer_ids,
-                                 stop_token_ids=stops)
-        n, k = sum(out["steps"]), len(out["steps"])
-        per_prompt.append(n / k if k else 0.0)
-        tokens, steps = tokens + n, steps + k
-    return {"tau": tokens / steps if steps else 0.0, "steps": steps, "new_tokens": tokens, "per_prompt": per_prompt}
-
-
-def evaluate_drafters(setup, drafter, opts) -> dict:
+def evaluate_drafters(setup, drafter) -> dict:
     """τ of the trained drafter and of the same drafter at its initial weights, by real speculative decoding.
 
     The prompts are the held-out samples' own prompt tokens (chat template and thinking mode exactly
     as the dataset was tokenized, which is how the drafter will serve).
     """
-    from dfp_shared.models import load_causal_lm
-
     prompts = eval_prompts(setup)
     if not prompts:
         return {}
@@ -69,16 +52,23 @@ def evaluate_drafters(setup, drafter, opts) -> dict:
     target = getattr(setup.source, "model", None)  # the in-process target is already loaded
     if target is None:
         target = load_causal_lm(str(setup.model_dir), device=str(next(drafter.parameters()).device))
-    kwargs = dict(max_new_tokens=spec.eval_max_new_tokens, layer_ids=setup.layer_ids)
+    kwargs = dict(max_new_tokens=spec.eval_max_new_tokens, stop_token_ids=default_stop_ids(setup.tokenizer),
+                  layer_ids=setup.layer_ids)
     was_training = drafter.training
     drafter.eval()
     with torch.no_grad():
-        trained = acceptance(drafter, target, setup.tokenizer, prompts, **kwargs)
+        trained = _tau_entry(acceptance(drafter, target, prompts, **kwargs))
         with initial_weights(setup, drafter):
-            untrained = acceptance(drafter, target, setup.tokenizer, prompts, **kwargs)
+            untrained = _tau_entry(acceptance(drafter, target, prompts, **kwargs))
     drafter.train(was_training)
     return {"tau_trained": float(trained["tau"]), "tau_untrained": float(untrained["tau"]),
             "eval_prompts": len(prompts), "eval_trained": trained, "eval_untrained": untrained}
+
+
+def _tau_entry(result: dict) -> dict:
+    """The report's form of an acceptance result: totals, and the tau of each prompt."""
+    return {"tau": result["tau"], "steps": result["steps"], "new_tokens": result["new_tokens"],
+            "per_prompt": [p["tau"] for p in result["per_prompt"]]}
 
 
 def _plain(d: dict) -> dict:
@@ -123,20 +113,19 @@ def plot_position_accuracy(acc: list[float]) -> bytes:
     return buf.getvalue()
 
 
-def finish_run(setup, drafter, history: list[dict], summary: dict, opts) -> dict:
+def finish_run(setup, drafter, history: list[dict], summary: dict) -> dict:
     """Export, evaluate, write the report and plots; returns the job outputs."""
-    from .export import export_drafter
-
-    spec = setup.spec
-    out = open_store(spec.output, endpoint_url=opts.endpoint_url)
-    with scratch_dir(opts.work_dir, "dflash-export-") as tmp:
-        export_drafter(drafter, tmp)
+    config = setup.config
+    spec = config.spec
+    out = open_store(spec.output, endpoint_url=config.settings.s3_endpoint_url)
+    with scratch_dir(config.settings.work_dir, "dflash-export-") as tmp:
+        export.export_drafter(drafter, tmp)
         files = [p for p in Path(tmp).rglob("*") if p.is_file()]
         out.put_many([(f"drafter/{p.relative_to(tmp).as_posix()}", p.read_bytes()) for p in files])
     report = {"summary": summary, "spec": spec.model_dump(mode="json"), "target_layer_ids": setup.layer_ids,
               "enable_thinking": spec.enable_thinking, "dataset_thinking": setup.dataset.thinking}
-    if opts.evaluate and spec.eval_prompts:
-        report["evaluation"] = {**evaluate_drafters(setup, drafter, opts), **evaluate_heldout(setup, drafter)}
+    if config.evaluate and spec.eval_prompts:
+        report["evaluation"] = {**evaluate_drafters(setup, drafter), **evaluate_heldout(setup, drafter)}
     report["history"] = [{k: v for k, v in r.items() if k != "per_position_accuracy"} for r in history]
     out.put_many([("report.json", json.dumps(report, indent=1).encode()),
                   ("loss_curve.png", plot_loss(history)),

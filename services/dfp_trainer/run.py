@@ -20,7 +20,13 @@ import click
 from dfp_shared.cli_support import settings_or_exit
 from dfp_shared.specs.train import TrainSpec
 
+from .data import DataError
+from .distributed import init_distributed, shutdown
+from .prepare import TrainError
+from .progress import job_hooks
+from .run_config import RunConfig
 from .settings import TrainerSettings
+from .train import train
 
 EXIT_STOPPED = 3
 EXIT_BAD_INPUT = 2
@@ -39,22 +45,17 @@ def install_stop_flag() -> threading.Event:
 
 def run_local(spec: TrainSpec, settings: TrainerSettings, *, job_id: str | None = None, stop: threading.Event | None = None,
               resume: bool = True, extra_stop=None):
-    """Train in this process (one rank of a torchrun group, or alone); returns the TrainResult."""
-    from .distributed import init_distributed, shutdown
-    from .progress import job_hooks
-    from .train import RunOptions, TrainError, train
+    """Train in this process (one rank of a torchrun group, or alone); returns the TrainResult.
 
+    The run's one :class:`RunConfig` is composed here, from the spec and this trainer's settings."""
     try:  # only a source the operator configured: a spec names it, never an address
-        target_url = settings.target_address(spec.target_endpoint)
+        config = RunConfig.compose(spec, settings, resume=resume)
     except ValueError as exc:
         raise TrainError(str(exc)) from None
-    info = init_distributed(settings.device)
-    opts = RunOptions(target_url=target_url, endpoint_url=settings.s3_endpoint_url,
-                      fetch_inflight=settings.fetch_inflight, prefetch_batches=settings.prefetch_batches,
-                      resume=resume, progress_every_s=settings.progress_every_s, work_dir=settings.work_dir)
-    hooks = job_hooks(settings.redis_url if job_id else None, job_id, stop, extra_stop)
+    info = init_distributed(config.settings.device)
+    hooks = job_hooks(config.settings.redis_url if job_id else None, job_id, stop, extra_stop)
     try:
-        return train(spec, opts, info, hooks)
+        return train(config, info, hooks)
     finally:
         shutdown()
 
@@ -68,9 +69,6 @@ def run_local(spec: TrainSpec, settings: TrainerSettings, *, job_id: str | None 
 def main(spec_path: str, job_id: str | None, result_path: str | None, no_resume: bool) -> None:
     settings = settings_or_exit(TrainerSettings, "trainer")
     spec = TrainSpec.model_validate(json.loads(Path(spec_path).read_text()))
-    from .data import DataError
-    from .train import TrainError
-
     stop = install_stop_flag()
     rank0 = int(os.environ.get("RANK", "0")) == 0
     try:

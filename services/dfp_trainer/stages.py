@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from .data import Batch
+
 _END = object()
 
 
@@ -293,21 +295,21 @@ class DeviceCopier:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def __call__(self, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
+    def __call__(self, batch: Batch) -> tuple[Batch, Any]:
         if self.stream is None:
-            return tensors, None
+            return batch, None
         with torch.cuda.stream(self.stream):
-            moved = {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
+            moved = batch.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.stream)
         return moved, event
 
     @staticmethod
-    def wait(event, tensors: dict[str, torch.Tensor]) -> None:
+    def wait(event, batch: Batch) -> None:
         """Order the compute stream after the copy, and keep the memory alive until compute used it."""
         if event is None:
             return
         current = torch.cuda.current_stream()
         current.wait_event(event)
-        for t in tensors.values():
+        for t in batch.tensors():
             t.record_stream(current)

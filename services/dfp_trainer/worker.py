@@ -28,8 +28,9 @@ from dfp_shared.submit import finish_job
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
 from .data import DataError
+from .prepare import TrainError
+from .run import run_local
 from .settings import TrainerSettings, scratch_dir
-from .train import TrainError
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,6 @@ class TrainHandler:
             if self.settings.nproc_per_node > 1:
                 result = self._torchrun(spec, task, ctx)
             else:
-                from .run import run_local
-
                 result = run_local(spec, self.settings, job_id=task.job_id, extra_stop=ctx.stopping.is_set)
                 result = {"completed": result.completed, "outputs": result.outputs, "summary": result.summary,
                           "step": result.step}

@@ -29,6 +29,7 @@ sys.path[:0] = [str(ROOT / "services"), str(ROOT)]
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from dfp_trainer import objective  # noqa: E402
+from dfp_trainer.data import Batch  # noqa: E402
 from dfp_trainer.model import DFlashDrafter, DrafterConfig  # noqa: E402
 from dfp_trainer.objective import block_targets, dflash_loss, sample_anchors  # noqa: E402
 from torch import nn  # noqa: E402
@@ -90,9 +91,10 @@ def main() -> None:
     lengths = torch.full((s,), t)
     anchors, valid = sample_anchors(loss_mask, lengths, args.anchors, torch.Generator().manual_seed(1))
     blocks = int(valid.sum())
+    batch = Batch(ids, loss_mask, lengths, target_hidden=feats)
 
     def project():
-        return dflash_loss(drafter, ids, loss_mask, feats, lengths, max_anchors=args.anchors,
+        return dflash_loss(drafter, batch, max_anchors=args.anchors,
                            generator=torch.Generator().manual_seed(1), attention_backend="sdpa")[0]
 
     def limit():

@@ -63,11 +63,11 @@ def main() -> None:
     copier = DeviceCopier(torch.device("cpu"))
 
     async def fetch(batch):
-        return batch, await fetch_hidden(source, batch.sequences(), [1, 2], None)
+        batch.target_hidden = await fetch_hidden(source, batch.sequences(), [1, 2], None)
+        return batch
 
-    def copy(item):
-        batch, hidden = item
-        return copier({"input_ids": batch.input_ids, "target_hidden": hidden})
+    def copy(batch):
+        return copier(batch)
 
     def step(_tensors):
         time.sleep(args.cost)
@@ -75,17 +75,17 @@ def main() -> None:
     # project: concurrent stages
     t0 = time.perf_counter()
     with Pipeline(batches(ds, args.steps), fetch, copy, inflight=args.inflight, queue_size=4) as pipe:
-        for tensors, event in pipe:
-            DeviceCopier.wait(event, tensors)
-            step(tensors)
+        for batch, event in pipe:
+            DeviceCopier.wait(event, batch)
+            step(batch)
         wait = pipe.data_wait_fraction()
     project = args.steps / (time.perf_counter() - t0)
 
     # baseline: the same stages one after another
     t0 = time.perf_counter()
     for batch in batches(ds, args.steps):
-        tensors, _ = copy(asyncio.run(fetch(batch)))
-        step(tensors)
+        moved, _ = copy(asyncio.run(fetch(batch)))
+        step(moved)
     baseline = args.steps / (time.perf_counter() - t0)
 
     # limit: the slowest stage (the step) alone

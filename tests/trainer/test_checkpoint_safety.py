@@ -20,9 +20,10 @@ from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage import open_store
 from dfp_trainer.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
 from dfp_trainer.distributed import DistInfo
-from dfp_trainer.train import RunOptions, TrainError, train
+from dfp_trainer.prepare import TrainError
+from dfp_trainer.train import train
 
-from tests.trainer.train_support import tiny_spec, torch_threads
+from tests.trainer.train_support import run_config, tiny_spec, torch_threads
 
 
 class _Planted:
@@ -83,13 +84,13 @@ def test_stray_pickle_beside_a_checkpoint_is_ignored(tmp_path):
 def test_resume_from_a_planted_pickle_fails_clearly(tmp_path, tiny_qwen3_dir, tiny_dataset):
     out = f"file://{tmp_path}/run"
     spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, out, steps=2, checkpoint_every=2)
-    assert train(TrainSpec.model_validate(spec), RunOptions(evaluate=False), DistInfo()).completed
+    assert train(run_config(spec), DistInfo()).completed
     marker = tmp_path / "pwned"
     _plant_pickle(open_store(out + "/checkpoints"), marker)
 
     again = TrainSpec.model_validate({**spec, "steps": 4})
     with pytest.raises((CheckpointError, TrainError), match=r"trainer\.pt"):
-        train(again, RunOptions(evaluate=False), DistInfo())
+        train(run_config(again), DistInfo())
     assert not marker.exists()
 
 

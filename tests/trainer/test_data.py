@@ -110,7 +110,7 @@ def test_bad_datasets_are_clear_errors(tmp_path, qwen3_tokenizer_dir):
 
 def test_a_dataset_tokenized_without_the_mask_token_is_accepted(qwen3_tokenizer_dir, tiny_qwen3_dir):
     from dfp_shared.tokenizer_assets import load_tokenizer, tokenizer_fingerprint
-    from dfp_trainer.train import _fingerprints
+    from dfp_trainer.prepare import _fingerprints
 
     base = tokenizer_fingerprint(load_tokenizer(qwen3_tokenizer_dir))  # plain Qwen3, no <|MASK|>
     accepted = _fingerprints(load_tokenizer(tiny_qwen3_dir), tokenizer_fingerprint, "<|MASK|>")

@@ -7,20 +7,20 @@ import shutil
 import pytest
 from dfp_shared.specs.train import TrainSpec
 from dfp_trainer.distributed import DistInfo
-from dfp_trainer.train import RunOptions, TrainError, prepare
+from dfp_trainer.prepare import TrainError, prepare
 
-from tests.trainer.train_support import tiny_spec
+from tests.trainer.train_support import run_config, tiny_spec
 
 
 def test_layer_ids_outside_the_target(tmp_path, tiny_qwen3_dir, tiny_dataset):
     spec = TrainSpec.model_validate(tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/o",
                                               num_draft_layers=2, target_layer_ids=[1, 12]))
     with pytest.raises(TrainError, match=r"target_layer_ids \[12\] do not exist in the target, which has 8 layers"):
-        prepare(spec, RunOptions(evaluate=False), DistInfo())
+        prepare(run_config(spec), DistInfo())
     shallow = TrainSpec.model_validate(tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/o",
                                                  num_draft_layers=6))
     with pytest.raises(TrainError, match="too shallow"):
-        prepare(shallow, RunOptions(evaluate=False), DistInfo())
+        prepare(run_config(shallow), DistInfo())
 
 
 def test_target_without_mask_token(tmp_path, tiny_qwen3_dir, tiny_dataset, qwen3_tokenizer_dir):
@@ -31,4 +31,4 @@ def test_target_without_mask_token(tmp_path, tiny_qwen3_dir, tiny_dataset, qwen3
     (target / "chat_template.jinja").unlink(missing_ok=True)
     spec = TrainSpec.model_validate(tiny_spec(tiny_dataset, target, f"file://{tmp_path}/o"))
     with pytest.raises(TrainError, match=r"no mask token '<\|MASK\|>'"):
-        prepare(spec, RunOptions(evaluate=False), DistInfo())
+        prepare(run_config(spec), DistInfo())

@@ -8,11 +8,10 @@ import sys
 
 import pytest
 import torch
-from dfp_shared.specs.train import TrainSpec
 from dfp_trainer.distributed import DistInfo
-from dfp_trainer.train import RunOptions, train
+from dfp_trainer.train import train
 
-from tests.trainer.train_support import final_weights, subprocess_env, tiny_spec, torch_threads
+from tests.trainer.train_support import final_weights, run_config, subprocess_env, tiny_spec, torch_threads
 
 # gradients are averaged by all-reduce on 2 ranks and by accumulation on 1: float32 rounding differs
 # slightly, and Adam's normalisation carries that into the weights; anything else would be far larger
@@ -30,7 +29,7 @@ def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path, tiny_qwen
     # 1 rank, the global batch in 2 accumulation steps (the same sample groups the 2 ranks get)
     one = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/one", steps=steps, grad_accum=2,
                     tokens_per_batch=256)
-    single = train(TrainSpec.model_validate(one), RunOptions(evaluate=False), DistInfo())
+    single = train(run_config(one), DistInfo())
     assert single.completed
 
     two = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/two", steps=steps, grad_accum=1,

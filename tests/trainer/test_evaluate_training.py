@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from dfp_shared.models import load_causal_lm
 from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_trainer.data import Batch
 from dfp_trainer.evaluate import acceptance_length, chat_prompt_ids, heldout_metrics, target_features
 from dfp_trainer.model import DFlashDrafter, DrafterConfig
 from dfp_trainer.objective import dflash_loss
@@ -34,7 +35,7 @@ def _greedy_corpus(target, tok, prompts, layer_ids):
     return rows
 
 
-def _batch(rows):
+def _batch(rows) -> Batch:
     t = max(r[0].shape[0] for r in rows)
     width = rows[0][2].shape[1]
     ids = torch.zeros(len(rows), t, dtype=torch.long)
@@ -42,7 +43,7 @@ def _batch(rows):
     feats = torch.zeros(len(rows), t, width)
     for i, (x, m, f) in enumerate(rows):
         ids[i, :len(x)], mask[i, :len(x)], feats[i, :len(x)] = x, m, f
-    return ids, mask, feats, torch.tensor([len(r[0]) for r in rows])
+    return Batch(ids, mask, torch.tensor([len(r[0]) for r in rows]), target_hidden=feats)
 
 
 def test_training_lowers_loss_and_raises_acceptance_length(tiny_qwen3_dir):
@@ -69,7 +70,7 @@ def test_training_lowers_loss_and_raises_acceptance_length(tiny_qwen3_dir):
         losses = []
         for step in range(STEPS):
             pick = [order[(step * 4 + j) % len(order)] for j in range(4)]
-            loss, metrics = dflash_loss(drafter, *_batch([train_rows[i] for i in pick]), max_anchors=2,
+            loss, metrics = dflash_loss(drafter, _batch([train_rows[i] for i in pick]), max_anchors=2,
                                         generator=gen, logits_chunk=4096)
             opt.zero_grad()
             loss.backward()

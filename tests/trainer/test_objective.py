@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from dfp_trainer.attention import training_masks
+from dfp_trainer.data import Batch
 from dfp_trainer.objective import block_targets, dflash_loss, sample_anchors
 
 from tests.trainer.drafter_support import small_drafter
@@ -79,17 +81,22 @@ def _batch(seed=0, t=20):
     return ids, loss_mask, feats, torch.tensor([t, t - 5])
 
 
+def _as_batch(tensors) -> Batch:
+    ids, loss_mask, feats, lengths = tensors
+    return Batch(ids, loss_mask, lengths, target_hidden=feats)
+
+
 def test_loss_matches_direct_computation_and_chunking_does_not_change_it():
     drafter = small_drafter()
     ids, loss_mask, feats, lengths = _batch()
-    loss, metrics = dflash_loss(drafter, ids, loss_mask, feats, lengths, max_anchors=5, gamma=3.0,
-                                generator=torch.Generator().manual_seed(1), logits_chunk=5)
+    loss, metrics = dflash_loss(drafter, Batch(ids, loss_mask, lengths, target_hidden=feats), max_anchors=5,
+                                gamma=3.0, generator=torch.Generator().manual_seed(1), logits_chunk=5)
     anchors, valid = sample_anchors(loss_mask, lengths, 5, torch.Generator().manual_seed(1))
     manual = _manual_loss(drafter, ids, loss_mask, feats, lengths, anchors, valid, 3.0)
     torch.testing.assert_close(loss, manual, rtol=1e-5, atol=1e-6)
     grads = torch.autograd.grad(loss, drafter.trainable_parameters())
 
-    loss2, _ = dflash_loss(drafter, ids, loss_mask, feats, lengths, max_anchors=5, gamma=3.0,
+    loss2, _ = dflash_loss(drafter, Batch(ids, loss_mask, lengths, target_hidden=feats), max_anchors=5, gamma=3.0,
                            generator=torch.Generator().manual_seed(1), logits_chunk=10_000)
     grads2 = torch.autograd.grad(loss2, drafter.trainable_parameters())
     torch.testing.assert_close(loss2, loss)
@@ -103,46 +110,48 @@ def test_loss_matches_direct_computation_and_chunking_does_not_change_it():
 
 def test_feature_noise_is_seeded_and_off_by_default():
     drafter = small_drafter()
-    batch = _batch()
-    clean, _ = dflash_loss(drafter, *batch, generator=torch.Generator().manual_seed(3))
-    noisy1, _ = dflash_loss(drafter, *batch, noise_std=0.5, generator=torch.Generator().manual_seed(3))
-    noisy2, _ = dflash_loss(drafter, *batch, noise_std=0.5, generator=torch.Generator().manual_seed(3))
+    batch = _as_batch(_batch())
+    clean, _ = dflash_loss(drafter, batch, generator=torch.Generator().manual_seed(3))
+    noisy1, _ = dflash_loss(drafter, batch, noise_std=0.5, generator=torch.Generator().manual_seed(3))
+    noisy2, _ = dflash_loss(drafter, batch, noise_std=0.5, generator=torch.Generator().manual_seed(3))
     assert noisy1.item() == noisy2.item() and noisy1.item() != clean.item()
 
 
 def test_no_trainable_positions_gives_zero_loss_with_a_graph():
     drafter = small_drafter()
     ids, _, feats, lengths = _batch()
-    loss, metrics = dflash_loss(drafter, ids, torch.zeros(2, 20), feats, lengths)
+    loss, metrics = dflash_loss(drafter, Batch(ids, torch.zeros(2, 20), lengths, target_hidden=feats))
     assert loss.item() == 0.0 and metrics["num_blocks"] == 0.0
     loss.backward()  # every parameter gets a (zero) gradient, as DDP requires
     assert all(p.grad is not None for p in drafter.trainable_parameters())
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda b: (b[0][0],) + b[1:], r"input_ids must be \(batch, time\)"),
-    (lambda b: (b[0].float(),) + b[1:], "integer tensor"),
-    (lambda b: (b[0], b[1][:, :5]) + b[2:], "loss_mask shape"),
-    (lambda b: b[:2] + (b[2][..., :32], b[3]), "target_hidden shape"),
-    (lambda b: b[:3] + (torch.tensor([21, 3]),), "lengths"),
-    (lambda b: b[:3] + (torch.tensor([3]),), "lengths shape"),
+    (lambda b: replace(b, input_ids=b.input_ids[0]), r"input_ids must be \(batch, time\)"),
+    (lambda b: replace(b, input_ids=b.input_ids.float()), "integer tensor"),
+    (lambda b: replace(b, loss_mask=b.loss_mask[:, :5]), "loss_mask shape"),
+    (lambda b: replace(b, target_hidden=b.target_hidden[..., :32]), "target_hidden shape"),
+    (lambda b: replace(b, target_hidden=None), "no target_hidden"),
+    (lambda b: replace(b, lengths=torch.tensor([21, 3])), "lengths"),
+    (lambda b: replace(b, lengths=torch.tensor([3])), "lengths shape"),
 ])
 def test_bad_input_is_named(change, message):
     drafter = small_drafter()
     with pytest.raises(ValueError, match=message):
-        dflash_loss(drafter, *change(_batch()))
+        dflash_loss(drafter, change(_as_batch(_batch())))
 
 
 def test_bad_settings_are_named():
     drafter = small_drafter()
     with pytest.raises(ValueError, match="gamma"):
-        dflash_loss(drafter, *_batch(), gamma=0.0)
+        dflash_loss(drafter, _as_batch(_batch()), gamma=0.0)
 
 
 def test_bfloat16_drafter_over_float32_target_parts():
     drafter = small_drafter().to(torch.bfloat16)
     ids, loss_mask, feats, lengths = _batch()
-    loss, _ = dflash_loss(drafter, ids, loss_mask, feats.to(torch.bfloat16), lengths, logits_chunk=8)
+    loss, _ = dflash_loss(drafter, Batch(ids, loss_mask, lengths, target_hidden=feats.to(torch.bfloat16)),
+                          logits_chunk=8)
     loss.backward()
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     assert drafter.fc.weight.grad.dtype == torch.bfloat16 and drafter.lm_head.weight.dtype == torch.float32

@@ -8,14 +8,20 @@ import subprocess
 
 import pytest
 import torch
-from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage import open_store
 from dfp_trainer.checkpoint import CheckpointError, CheckpointManager
 from dfp_trainer.distributed import DistInfo
 from dfp_trainer.run import EXIT_STOPPED
-from dfp_trainer.train import RunOptions, train
+from dfp_trainer.train import train
 
-from tests.trainer.train_support import cli, final_weights, subprocess_env, tiny_spec, torch_threads
+from tests.trainer.train_support import (
+    cli,
+    final_weights,
+    run_config,
+    subprocess_env,
+    tiny_spec,
+    torch_threads,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +56,7 @@ def test_resume_after_sigterm_is_bit_identical(tmp_path, tiny_qwen3_dir, tiny_da
     steps = 10
     # reference: uninterrupted, in this process
     ref = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/ref", steps=steps)
-    result = train(TrainSpec.model_validate(ref), RunOptions(evaluate=False), DistInfo())
+    result = train(run_config(ref), DistInfo())
     assert result.completed and result.step == steps
 
     # interrupted: a real process gets SIGTERM mid-run, checkpoints, exits; a second process resumes

@@ -12,13 +12,13 @@ from dfp_shared.storage import open_store
 from dfp_trainer import export as export_module
 from dfp_trainer.distributed import DistInfo
 from dfp_trainer.export import load_exported
+from dfp_trainer.prepare import TrainError, prepare
 from dfp_trainer.run import run_local
 from dfp_trainer.settings import TrainerSettings, scratch_dir
 from dfp_trainer.target_parts import load_target_parts
-from dfp_trainer.train import RunOptions, TrainError, prepare
 from pydantic import ValidationError
 
-from tests.trainer.train_support import final_weights, tiny_spec, torch_threads
+from tests.trainer.train_support import final_weights, run_config, tiny_spec, torch_threads
 
 BASE = dict(dataset="file:///d", target="file:///t", output="file:///o", num_draft_layers=2)
 
@@ -95,11 +95,11 @@ def test_mask_token_of_the_spec_is_used_or_named_when_missing(tmp_path, tiny_qwe
 
     spec = TrainSpec.model_validate(tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/o",
                                               mask_token="<|fim_pad|>"))
-    setup = prepare(spec, RunOptions(evaluate=False), DistInfo())
+    setup = prepare(run_config(spec), DistInfo())
     assert setup.drafter.config.mask_token_id == load_tokenizer(tiny_qwen3_dir).convert_tokens_to_ids("<|fim_pad|>")
     missing = spec.model_copy(update={"mask_token": "<|NO_SUCH_MASK|>"})
     with pytest.raises(TrainError, match=r"no mask token '<\|NO_SUCH_MASK\|>'"):
-        prepare(missing, RunOptions(evaluate=False), DistInfo())
+        prepare(run_config(missing), DistInfo())
 
 
 def test_scratch_dir_creates_the_work_directory(tmp_path):

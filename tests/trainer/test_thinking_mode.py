@@ -14,10 +14,10 @@ from dfp_shared.token_shards import load_dataset
 from dfp_shared.worker import Worker
 from dfp_tokenizer.tasks import KIND, EncoderCache, TokenizeHandler
 from dfp_trainer.distributed import DistInfo
-from dfp_trainer.train import RunOptions, TrainError, prepare
+from dfp_trainer.prepare import TrainError, prepare
 
 from tests.trainer.data_support import TOPICS
-from tests.trainer.train_support import tiny_spec, torch_threads
+from tests.trainer.train_support import run_config, tiny_spec, torch_threads
 
 
 @pytest.fixture(autouse=True)
@@ -50,12 +50,12 @@ def test_dataset_thinking_mode_must_match_the_spec(redis_client, tmp_path, tiny_
     spec = TrainSpec.model_validate(tiny_spec(dataset, tiny_qwen3_dir, f"file://{tmp_path}/o"))
     assert spec.enable_thinking is True  # the default
     with pytest.raises(TrainError) as info:
-        prepare(spec, RunOptions(evaluate=False), DistInfo())
+        prepare(run_config(spec), DistInfo())
     msg = str(info.value)
     assert "manifest.json" in msg and "thinking=false" in msg and "enable_thinking=true" in msg
 
     matching = spec.model_copy(update={"enable_thinking": False})
-    setup = prepare(matching, RunOptions(evaluate=False), DistInfo())
+    setup = prepare(run_config(matching), DistInfo())
     assert setup.dataset.thinking is False
 
 
@@ -64,9 +64,9 @@ def test_thinking_mode_recorded_true_and_old_manifests_load(redis_client, tmp_pa
     assert load_dataset(dataset).thinking is True
     off = TrainSpec.model_validate(tiny_spec(dataset, tiny_qwen3_dir, f"file://{tmp_path}/o", enable_thinking=False))
     with pytest.raises(TrainError, match="thinking=true.*enable_thinking=false"):
-        prepare(off, RunOptions(evaluate=False), DistInfo())
+        prepare(run_config(off), DistInfo())
     # a manifest written before the mode was recorded: no check, either mode trains
     assert "thinking" not in load_dataset(tiny_dataset).manifest
     old = TrainSpec.model_validate(tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/o2",
                                              enable_thinking=False))
-    assert prepare(old, RunOptions(evaluate=False), DistInfo()).dataset.thinking is None
+    assert prepare(run_config(old), DistInfo()).dataset.thinking is None

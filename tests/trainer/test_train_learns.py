@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dfp_shared.specs.train import TrainSpec
 from dfp_trainer.distributed import DistInfo
-from dfp_trainer.train import RunOptions, train
+from dfp_trainer.train import train
 
-from tests.trainer.train_support import tiny_spec, torch_threads
+from tests.trainer.train_support import run_config, tiny_spec, torch_threads
 
 STEPS = 80
 
@@ -19,7 +19,7 @@ def test_train_lowers_loss_and_beats_the_untrained_drafter(tmp_path, tiny_qwen3_
         eval_prompts=4, eval_max_new_tokens=24))
     assert spec.enable_thinking  # the default mode
     with torch_threads(1):
-        result = train(spec, RunOptions(progress_every_s=3600.0), DistInfo())
+        result = train(run_config(spec, evaluate=True, progress_every_s=3600.0), DistInfo())
 
     assert result.completed and result.step == STEPS
     losses = [row["loss"] for row in result.history]

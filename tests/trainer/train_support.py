@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import torch
+from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage import open_store
+from dfp_trainer.run_config import RunConfig
+from dfp_trainer.settings import TrainerSettings
 from safetensors.torch import load as st_load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +25,12 @@ def tiny_spec(dataset: str, target, output: str, **over) -> dict:
                 eval_prompts=0, seed=0, warmup_ratio=0.2)
     spec.update(over)
     return spec
+
+
+def run_config(spec: TrainSpec | dict, *, evaluate: bool = False, **settings) -> RunConfig:
+    """The run of ``spec`` on a trainer with the default settings but ``settings`` (no evaluation unless asked)."""
+    spec = spec if isinstance(spec, TrainSpec) else TrainSpec.model_validate(spec)
+    return RunConfig.compose(spec, TrainerSettings(**settings), evaluate=evaluate)
 
 
 def subprocess_env(**extra) -> dict:

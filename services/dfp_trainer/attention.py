@@ -18,11 +18,13 @@ boolean SDPA mask, or as a flex-attention ``BlockMask`` when running on CUDA.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
+from dfp_shared.specs.train import LayerType
 
-FULL, SLIDING = "full_attention", "sliding_attention"
+FULL, SLIDING = get_args(LayerType)
 
 
 @dataclass

@@ -1,8 +1,10 @@
-"""The DFlash drafter: Qwen3-style draft layers with KV injection of projected target features.
+"""The DFlash drafter: Qwen3 draft layers with KV injection of projected target features.
 
-Depends on torch alone. The drafter owns no embedding and no LM head: it borrows the target's
-(frozen, not registered as sub-modules, so neither ``parameters()`` nor ``state_dict()`` hold
-them). Module attribute names follow the public reference module tree, so ``state_dict()`` is
+The norms, MLP and rotary embedding are transformers' Qwen3 modules, driven by the transformers
+config the exported ``config.json`` describes; only the DFlash attention (and its masks, in
+:mod:`dfp_trainer.attention`) is ours. The drafter owns no embedding and no LM head: it borrows the
+target's (frozen, not registered as sub-modules, so neither ``parameters()`` nor ``state_dict()``
+hold them). Module attribute names follow the public reference module tree, so ``state_dict()`` is
 already the export format (``layers.{i}.self_attn.q_proj.weight`` ... ``fc.weight``,
 ``hidden_norm.weight``).
 
@@ -12,19 +14,35 @@ C = context positions, H = hidden size, K = number of target layers.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import torch.nn.functional as F
+from dfp_shared.specs.train import LayerType
 from torch import nn
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3Attention,
+    Qwen3MLP,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    rotate_half,
+)
 
-from .attention import AttentionMasks, attend
+from .attention import FULL, SLIDING, AttentionMasks, attend
 
-LAYER_TYPES = ("full_attention", "sliding_attention")
+LAYER_TYPES = get_args(LayerType)
+ARCHITECTURE = "DFlashDraftModel"
+# rope keys of targets whose attention a Qwen3 layer does not have (partial rotary, multimodal sections)
+_NOT_QWEN3_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
+# config.json keys that are the draft layers' transformers Qwen3 config, written as it holds them
+_QWEN3_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "hidden_act", "rms_norm_eps", "rope_parameters", "max_position_embeddings", "vocab_size",
+               "attention_bias", "attention_dropout", "tie_word_embeddings", "layer_types", "use_sliding_window",
+               "sliding_window", "max_window_layers", "use_cache")
 
 
 @dataclass
@@ -45,15 +63,17 @@ class DrafterConfig:
     target_layer_ids: list[int]  # target layers whose outputs (HF hidden_states[i + 1]) are the context
     mask_token_id: int  # id of the mask token filling block positions 1..B-1
     block_size: int = 16  # tokens per draft block (anchor + B-1 drafts)
-    layer_types: list[str] = field(default_factory=list)  # per layer "full_attention" | "sliding_attention"
+    layer_types: list[str] = field(default_factory=list)  # per layer, one of LAYER_TYPES
     sliding_window: int | None = None  # window (tokens) of sliding-attention layers
     attention_bias: bool = False  # bias on q/k/v/o projections
+    rope_parameters: dict[str, Any] | None = None  # the target's RoPE (transformers 5 naming); unset: default RoPE
 
     def __post_init__(self) -> None:
         if not self.layer_types:
-            self.layer_types = ["full_attention"] * self.num_hidden_layers
+            self.layer_types = [FULL] * self.num_hidden_layers
         self.layer_types = list(self.layer_types)
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        self.rope_parameters = _qwen3_rope(self.rope_parameters, self.rope_theta, self.max_position_embeddings)
         self.validate()
 
     def validate(self) -> None:
@@ -78,30 +98,68 @@ class DrafterConfig:
         unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
         if unknown:
             raise ValueError(f"unknown layer_types {unknown}; expected one of {list(LAYER_TYPES)}")
-        if "sliding_attention" in self.layer_types and not (self.sliding_window and self.sliding_window > 0):
-            raise ValueError("sliding_attention layers need a positive sliding_window")
+        if SLIDING in self.layer_types and not (self.sliding_window and self.sliding_window > 0):
+            raise ValueError(f"{SLIDING} layers need a positive sliding_window")
+        if float(self.rope_parameters["rope_theta"]) != float(self.rope_theta):
+            raise ValueError(f"rope_parameters.rope_theta {self.rope_parameters['rope_theta']} differs from "
+                             f"rope_theta {self.rope_theta}")
 
     @property
     def num_context_features(self) -> int:
         return len(self.target_layer_ids)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def qwen3_config(self) -> Qwen3Config:
+        """The transformers config of the draft layers (what the Qwen3 modules read and ``config.json`` states)."""
+        sliding = SLIDING in self.layer_types
+        return Qwen3Config(
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim, hidden_act="silu",
+            rms_norm_eps=self.rms_norm_eps, rope_parameters=dict(self.rope_parameters),
+            max_position_embeddings=self.max_position_embeddings, vocab_size=self.vocab_size,
+            attention_bias=self.attention_bias, attention_dropout=0.0, tie_word_embeddings=False,
+            layer_types=list(self.layer_types), use_sliding_window=sliding,
+            sliding_window=self.sliding_window if sliding else None, max_window_layers=self.num_hidden_layers,
+            use_cache=False)
+
+    def to_config_dict(self, dtype: str = "float32") -> dict[str, Any]:
+        """The reference-format ``config.json`` (z-lab layout): the Qwen3 config plus the DFlash fields."""
+        qwen3 = self.qwen3_config()
+        return {"architectures": [ARCHITECTURE], "model_type": "qwen3",
+                **{name: getattr(qwen3, name) for name in _QWEN3_KEYS},
+                "rope_theta": self.rope_theta, "is_causal": False, "block_size": self.block_size,
+                "num_target_layers": self.num_target_layers,
+                "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
+                                  "block_size": self.block_size},
+                "dtype": dtype}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DrafterConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown drafter config fields {unknown}")
-        return cls(**dict(data))
+    def from_config_dict(cls, data: Mapping[str, Any], source: str = "config.json") -> DrafterConfig:
+        """The inverse of :meth:`to_config_dict`: a drafter's config from its ``config.json`` dict."""
+        if ARCHITECTURE not in (data.get("architectures") or []):
+            raise ValueError(f"{source}: architectures {data.get('architectures')} does not name {ARCHITECTURE}")
+        dflash = data.get("dflash_config") or {}
+        for name in ("mask_token_id", "target_layer_ids"):
+            if dflash.get(name) is None:
+                raise ValueError(f"{source}: field dflash_config.{name} missing")
+        cfg = _ConfigView(data, source)
+        fields = dict(_shape_fields(cfg), num_hidden_layers=cfg.get("num_hidden_layers"),
+                      num_target_layers=cfg.get("num_target_layers"), target_layer_ids=dflash["target_layer_ids"],
+                      mask_token_id=dflash["mask_token_id"],
+                      block_size=int(dflash.get("block_size", data.get("block_size", 16))),
+                      layer_types=data.get("layer_types") or [], sliding_window=data.get("sliding_window"),
+                      attention_bias=bool(data.get("attention_bias", False)))
+        try:
+            return cls(**fields)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
 
     @classmethod
     def for_target(cls, target_config: Any, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None,
                    target_layer_ids: list[int] | None = None, layer_types: list[str] | None = None,
                    sliding_window: int | None = None) -> DrafterConfig:
-        """A drafter config sized to a target (a HF config object or its ``config.json`` dict)."""
-        cfg = _TargetView(target_config)
+        """A drafter config sized to a target (a HF config object or its ``config.json`` dict), with its RoPE."""
+        cfg = _ConfigView(target_config, "target config")
         num_target_layers = int(cfg.get("num_hidden_layers"))
         if mask_token_id is None:
             raise ValueError("no mask token id: the target's tokenizer needs the DFlash mask token "
@@ -113,120 +171,76 @@ class DrafterConfig:
                 raise ValueError(f"a target with {num_target_layers} layers is too shallow for {num_layers} draft "
                                  f"layers (their context layers are spread over 1..L-3)")
             target_layer_ids = default_target_layer_ids(num_target_layers, num_layers)
-        hidden = int(cfg.get("hidden_size"))
-        heads = int(cfg.get("num_attention_heads"))
-        return cls(hidden_size=hidden, intermediate_size=int(cfg.get("intermediate_size")),
-                   num_hidden_layers=num_layers, num_attention_heads=heads,
-                   num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
-                   head_dim=int(cfg.get("head_dim", hidden // heads)),
-                   rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=cfg.rope_theta(),
-                   max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
-                   vocab_size=int(cfg.get("vocab_size")), num_target_layers=num_target_layers,
+        return cls(**_shape_fields(cfg), num_hidden_layers=num_layers, num_target_layers=num_target_layers,
                    target_layer_ids=list(target_layer_ids), mask_token_id=int(mask_token_id), block_size=block_size,
                    layer_types=list(layer_types or []), sliding_window=sliding_window)
 
 
-class _TargetView:
-    """Reads fields of a target config given as an object or a dict (text sub-config for multimodal ones)."""
+class _ConfigView:
+    """Reads fields of a config given as an object or a dict (text sub-config for multimodal ones)."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, source: str) -> None:
         text = config.get("text_config") if isinstance(config, Mapping) else getattr(config, "text_config", None)
-        self.config = text or config
+        self.config, self.source = text or config, source
 
     def get(self, name: str, default: Any = None) -> Any:
         c = self.config
         value = c.get(name, default) if isinstance(c, Mapping) else getattr(c, name, default)
         if value is None and default is None:
-            raise ValueError(f"target config has no {name!r}")
+            raise ValueError(f"{self.source}: field {name!r} missing")
         return value
 
-    def rope_theta(self) -> float:
-        params = self.get("rope_parameters", {}) or {}
-        theta = self.get("rope_theta", 0) or params.get("rope_theta") or 10000.0
-        return float(theta)
+
+def _shape_fields(cfg: _ConfigView) -> dict[str, Any]:
+    """The drafter fields a Qwen3-style config states as they are: a target's, or an exported drafter's."""
+    hidden, heads = int(cfg.get("hidden_size")), int(cfg.get("num_attention_heads"))
+    rope = dict(cfg.get("rope_parameters", {}) or cfg.get("rope_scaling", {}) or {})
+    if isinstance(rope.get(FULL), Mapping):  # one RoPE per layer type: the draft layers take the full layers'
+        rope = dict(rope[FULL])
+    theta = float(cfg.get("rope_theta", 0) or rope.get("rope_theta") or 10000.0)
+    return dict(hidden_size=hidden, intermediate_size=int(cfg.get("intermediate_size")), num_attention_heads=heads,
+                num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
+                head_dim=int(cfg.get("head_dim", hidden // heads)), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=theta, rope_parameters={**rope, "rope_theta": theta},
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+                vocab_size=int(cfg.get("vocab_size")))
 
 
-class RMSNorm(nn.Module):
-    """Qwen3's RMSNorm (computed in float32)."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-class Rotary(nn.Module):
-    """Default rotary embedding: cos/sin for integer positions."""
-
-    def __init__(self, head_dim: int, theta: float) -> None:
-        super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[..., None] * self.inv_freq  # (S, L, D/2)
-        emb = torch.cat([freqs, freqs], dim=-1)  # (S, L, D)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+def _qwen3_rope(params: Mapping[str, Any] | None, theta: float, max_positions: int) -> dict[str, Any]:
+    """RoPE parameters as transformers' Qwen3 config holds them (type, theta, original length, ...)."""
+    params = {k: v for k, v in (params or {}).items() if k not in _NOT_QWEN3_ROPE}
+    params.setdefault("rope_type", params.pop("type", "default"))
+    params.setdefault("rope_theta", theta)
+    return dict(Qwen3Config(rope_parameters=params, max_position_embeddings=max_positions).rope_parameters)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]  # cos/sin (S, L, D) broadcast over heads
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]  # cos/sin (S, L, D) broadcast over heads
 
 
-class DraftAttention(nn.Module):
-    """Queries from the block tokens; keys/values from [projected context ; block tokens]."""
-
-    def __init__(self, config: DrafterConfig, layer_idx: int) -> None:
-        super().__init__()
-        h, d, bias = config.hidden_size, config.head_dim, config.attention_bias
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
-        self.layer_type = config.layer_types[layer_idx]
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
-        self.q_norm = RMSNorm(d, config.rms_norm_eps)
-        self.k_norm = RMSNorm(d, config.rms_norm_eps)
+class DraftAttention(Qwen3Attention):
+    """Qwen3's attention projections; queries from the block tokens, keys/values from [context ; block tokens]."""
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, q_rope: tuple, k_rope: tuple,
                 masks: AttentionMasks | None) -> torch.Tensor:
         s, q_len, _ = x.shape
         kv_in = torch.cat([context, x], dim=1)  # (S, C+Q, H)
-        q = self.q_norm(self.q_proj(x).view(s, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(kv_in).view(s, kv_in.shape[1], self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(kv_in).view(s, kv_in.shape[1], self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_norm(self.q_proj(x).view(s, q_len, -1, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(kv_in).view(s, kv_in.shape[1], -1, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(kv_in).view(s, kv_in.shape[1], -1, self.head_dim).transpose(1, 2)
         q = _rotate(q, *q_rope)  # (S, heads, Q, D)
         k = _rotate(k, *k_rope)  # (S, kv_heads, C+Q, D)
         out = attend(q, k, v, masks, self.layer_type)  # (S, heads, Q, D)
         return self.o_proj(out.transpose(1, 2).reshape(s, q_len, -1))
 
 
-class DraftMLP(nn.Module):
-    def __init__(self, config: DrafterConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DraftLayer(nn.Module):
-    def __init__(self, config: DrafterConfig, layer_idx: int) -> None:
+    def __init__(self, config: Qwen3Config, layer_idx: int) -> None:
         super().__init__()
         self.self_attn = DraftAttention(config, layer_idx)
-        self.mlp = DraftMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, context, q_rope, k_rope, masks):
         x = x + self.self_attn(self.input_layernorm(x), context, q_rope, k_rope, masks)
@@ -246,11 +260,12 @@ class DFlashDrafter(nn.Module):
         if config.mask_token_id >= rows:
             raise ValueError(f"mask_token_id {config.mask_token_id} is outside the target embedding ({rows} rows)")
         self.config = config
-        self.layers = nn.ModuleList(DraftLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        qwen3 = config.qwen3_config()
+        self.layers = nn.ModuleList(DraftLayer(qwen3, i) for i in range(config.num_hidden_layers))
+        self.norm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(config.num_context_features * config.hidden_size, config.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = Rotary(config.head_dim, config.rope_theta)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Qwen3RotaryEmbedding(qwen3)
         embed_tokens.requires_grad_(False)
         lm_head.requires_grad_(False)
         self._target = (embed_tokens, lm_head)  # a tuple: frozen and not registered
@@ -274,7 +289,7 @@ class DFlashDrafter(nn.Module):
                 nn.init.normal_(module.weight, 0.0, std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, RMSNorm):
+            elif isinstance(module, Qwen3RMSNorm):
                 nn.init.ones_(module.weight)
         for layer in self.layers:  # scaled residual projections, as GPT-2 / nanoGPT do
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
@@ -317,8 +332,9 @@ class DFlashDrafter(nn.Module):
         context = self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))  # (S, C, H)
         if context_positions.dim() == 1:
             context_positions = context_positions.expand(s, -1)
-        q_rope = self.rotary(block_positions, x.dtype)
-        k_rope = self.rotary(torch.cat([context_positions, block_positions], dim=1), x.dtype)
+        cos, sin = self.rotary(x, torch.cat([context_positions, block_positions], dim=1))  # (S, C+Q, D)
+        q_len = block_positions.shape[1]
+        k_rope, q_rope = (cos, sin), (cos[:, -q_len:], sin[:, -q_len:])
         for layer in self.layers:
             x = layer(x, context, q_rope, k_rope, masks)
         return self.norm(x)

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .config_json import read_config_json
+
 EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
                "language_model.model.embed_tokens.weight", "embed_tokens.weight")
 HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
@@ -35,12 +37,7 @@ class TargetParts:
 
 def read_target_config(model_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: target config.json not found")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from None
+    config = read_config_json(path, "target config.json not found")
     text = config.get("text_config")
     if text:
         text = dict(text)

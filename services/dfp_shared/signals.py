@@ -33,6 +33,12 @@ class StopSignals:
             signal.signal(sig, handler)
         self._previous = {}
 
+    def ignore(self) -> None:
+        """Ignore the signals from now on, also while the interpreter shuts down (it puts Python
+        handlers back to the default action then, so a late signal would kill the process)."""
+        for sig in self.signals:
+            signal.signal(sig, signal.SIG_IGN)
+
     def _handle(self, signum, _frame) -> None:
         self.count += 1
         self.stop.set()

@@ -117,12 +117,13 @@ class Worker:
                 return
             if self.stopping.is_set():
                 self.abort.set()
+                signals.ignore()  # as the check above would, also while the interpreter shuts down
                 log.warning("second signal: giving the tasks in hand back", extra={"signal": signum})
                 raise WorkerAborted()
             self.stopping.set()
             log.info("shutdown requested; finishing the task in hand", extra={"signal": signum})
 
-        StopSignals(on_signal).install()
+        signals = StopSignals(on_signal).install()
 
     def run(self, max_tasks: int | None = None, idle_exit_s: float | None = None) -> int:
         """Consume until stopped (or ``max_tasks`` done, or idle for ``idle_exit_s``). Returns tasks handled."""
@@ -216,8 +217,7 @@ class Worker:
 
         def queue_checks(pipe):
             for job_id, job_tasks in by_job.items():
-                pipe.exists(JobStore._key(job_id) + ":cancel")
-                pipe.smismember(JobStore._key(job_id) + ":done", [t.key for t in job_tasks])
+                JobStore.queue_task_flags(pipe, job_id, [t.key for t in job_tasks])
 
         flags = iter(self._flush(queue_checks))
         self._cancel_flags, self._done_flags = {}, {}

@@ -38,3 +38,16 @@ def test_ignore_sigint():
         os.kill(os.getpid(), signal.SIGINT)  # ignored
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_ignore_after_installing():
+    before = signal.getsignal(signal.SIGTERM)
+    signals = StopSignals().install()
+    try:
+        signals.ignore()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.count == 0
+    finally:
+        signals.restore()
+    assert signal.getsignal(signal.SIGTERM) is before

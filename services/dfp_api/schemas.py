@@ -53,29 +53,16 @@ class PipelineRequestSpec(BaseModel):
         return self
 
 
-class GenerateJobRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="GenerateJob")
-    type: Literal["generate"]
-    spec: GenerateSpec
+def _job_request(name: str, job_type: str, spec: type[BaseModel]) -> type[BaseModel]:
+    """The request body of one job type: ``type`` and its spec, nothing else."""
+    return create_model(f"{name}Request", __config__=ConfigDict(extra="forbid", title=name), __module__=__name__,
+                        type=(Literal[job_type], ...), spec=(spec, ...))
 
 
-class TokenizeJobRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="TokenizeJob")
-    type: Literal["tokenize"]
-    spec: TokenizeSpec
-
-
-class TrainJobRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="TrainJob")
-    type: Literal["train"]
-    spec: TrainSpec
-
-
-class PipelineJobRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", title="PipelineJob")
-    type: Literal["pipeline"]
-    spec: PipelineRequestSpec
-
+GenerateJobRequest = _job_request("GenerateJob", "generate", GenerateSpec)
+TokenizeJobRequest = _job_request("TokenizeJob", "tokenize", TokenizeSpec)
+TrainJobRequest = _job_request("TrainJob", "train", TrainSpec)
+PipelineJobRequest = _job_request("PipelineJob", "pipeline", PipelineRequestSpec)
 
 JobRequest = Annotated[
     GenerateJobRequest | TokenizeJobRequest | TrainJobRequest | PipelineJobRequest,

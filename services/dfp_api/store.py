@@ -2,8 +2,8 @@
 
 Writes (submit, cancel) go through the shared sync :class:`~dfp_shared.jobs.JobStore` and
 :mod:`dfp_shared.submit` in a thread; the hot reads (``GET /v1/jobs/{id}``, event streams, rate
-limits) use ``redis.asyncio`` so they never block the event loop. Records are decoded by the
-same ``JobStore`` code, so the key layout lives in one place.
+limits) use ``redis.asyncio`` so they never block the event loop. The commands' keys and arguments
+and the decoding of their replies come from ``JobStore``, so the key layout lives in one place.
 
 Record reads are batched: every ``get`` issued in one event-loop turn waits for one Lua call that
 reads all of them (record, counters, totals) in a single round trip. Each read still starts after
@@ -15,30 +15,16 @@ on one Redis node (a single Redis or a primary with replicas, as the chart deplo
 from __future__ import annotations
 
 import asyncio
-import json
 
 import redis.asyncio as aioredis
-from dfp_shared.jobs import JobNotFound, JobRecord, JobStore
-
-_READ_MANY = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  out[i] = {redis.call('HGETALL', key), redis.call('HGETALL', key .. ':counters'),
-            redis.call('HGETALL', key .. ':totals')}
-end
-return out
-"""
-
-
-def _pairs(flat: list) -> dict:
-    return dict(zip(flat[::2], flat[1::2]))
+from dfp_shared.jobs import READ_RECORDS, JobNotFound, JobRecord, JobStore
 
 
 class AsyncJobReader:
     def __init__(self, client: aioredis.Redis, max_batch: int = 512):
         self.r = client
         self.max_batch = max_batch
-        self._read_many = client.register_script(_READ_MANY)
+        self._read_many = client.register_script(READ_RECORDS)
         self._waiting: dict[str, list[asyncio.Future]] = {}
         self._flush_scheduled = False
         self._inflight: set[asyncio.Task] = set()
@@ -67,7 +53,7 @@ class AsyncJobReader:
     async def _read(self, batch: dict[str, list[asyncio.Future]]) -> None:
         ids = list(batch)
         try:
-            rows = await self._read_many(keys=[JobStore._key(job_id) for job_id in ids])
+            rows = await self._read_many(**JobStore.records_request(ids))
         except BaseException as exc:  # every waiter gets the error (Redis down -> 503)
             for futures in batch.values():
                 for future in futures:
@@ -76,11 +62,8 @@ class AsyncJobReader:
             if not isinstance(exc, Exception):
                 raise
             return
-        for job_id, (rec, counters, totals) in zip(ids, rows):
-            if rec:
-                result: JobRecord | Exception = JobStore._record(_pairs(rec), _pairs(counters), _pairs(totals))
-            else:
-                result = JobNotFound(job_id)
+        for job_id, rec in zip(ids, JobStore.decode_records(rows)):
+            result: JobRecord | Exception = rec if rec is not None else JobNotFound(job_id)
             for future in batch[job_id]:
                 if future.done():
                     continue
@@ -92,10 +75,4 @@ class AsyncJobReader:
     async def events(self, job_id: str, after: str, block_ms: int | None,
                      count: int = 100) -> list[tuple[str, str, dict]]:
         """Events after stream id ``after`` as (id, type, data); waits up to ``block_ms`` for the first."""
-        key = JobStore._key(job_id) + ":events"
-        if block_ms is None:
-            rows = await self.r.xrange(key, min=f"({after}" if after != "0-0" else "-", count=count)
-        else:
-            resp = await self.r.xread({key: after}, block=block_ms, count=count)
-            rows = resp[0][1] if resp else []
-        return [(i, f.get("type", ""), json.loads(f.get("data") or "{}")) for i, f in rows]
+        return JobStore.decode_events(await self.r.xread(**JobStore.events_request(job_id, after, block_ms, count)))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dfp_shared.local_redis import RedisServer, free_port, wait_for_port
 from dfp_shared.processes import ProcessGroup
+from dfp_shared.signals import StopSignals, raise_keyboard_interrupt
 from rich.console import Console
 
 console = Console()
@@ -135,7 +136,8 @@ def run_demo(cfg: DemoConfig) -> int:
            "DFLASH_LOG_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (services_path, os.environ.get("PYTHONPATH", "")) if p)}
     group = ProcessGroup(logs_dir)
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` and `timeout` stop the services like Ctrl-C does
+    # `kill` and `timeout` stop the services like Ctrl-C does
+    StopSignals(raise_keyboard_interrupt, signals=(signal.SIGTERM,)).install()
     try:
         start_services(group, env, model_dir, api_port, target_port)
         wait_ready(group, api_url, target_port)
@@ -163,10 +165,6 @@ def run_demo(cfg: DemoConfig) -> int:
         with console.status("stopping the services"):
             group.stop_all()
             redis.stop()
-
-
-def _interrupt(signum, _frame):
-    raise KeyboardInterrupt
 
 
 def summarise(final: dict, stages: dict, out: Path) -> None:

@@ -89,8 +89,8 @@ class ShardProgress:
         self.samples = samples_per_prompt
         self.every_s = every_s
         self.attempt = attempt or uuid.uuid4().hex
-        base = JobStore._key(job_id)
-        self.keys = [base + ":done", base + ":counters", base + ":live"]
+        keys = JobStore.keys(job_id)
+        self.keys = [keys.done, keys.counters, keys.live]
         self.counts = {"prompts": 0, "completions": 0, "errors": 0, "truncated": 0, "output_tokens": 0}
         self._samples_done: Counter[str] = Counter()
         self._published_at: float | None = None

@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dfp_shared.completions import SHARD_COUNTS, build_manifest, shard_entry, write_manifest
 from dfp_shared.specs.generate import GenerateSpec
 from dfp_shared.storage import open_store
 
@@ -27,8 +28,7 @@ class LocalRun:
     outputs: dict
 
     def totals(self) -> dict:
-        keys = ("prompts", "completions", "errors", "unreadable", "truncated", "output_tokens")
-        return {k: sum(getattr(o, k) for o in self.outcomes) for k in keys}
+        return {k: sum(getattr(o, k) for o in self.outcomes) for k in SHARD_COUNTS}
 
 
 def run_local(spec: GenerateSpec, settings: GenerationSettings, *,
@@ -53,10 +53,7 @@ def run_local(spec: GenerateSpec, settings: GenerationSettings, *,
     finally:
         engine.close()
     run = LocalRun(plan, outcomes, output_uris(spec))
-    manifest = {"format": "dflash-completions/1", "spec": spec.model_dump(mode="json"), **run.totals(),
-                "shards": [{"key": f"completions/{o.key}.jsonl", "prompts": o.prompts, "completions": o.completions,
-                            "errors": o.errors, "unreadable": o.unreadable, "truncated": o.truncated,
-                            "output_tokens": o.output_tokens} for o in outcomes]}
+    shards = [shard_entry(o.key, o.counters()) for o in outcomes]
     prune_stale(out, [shard.key for shard in plan.shards])
-    out.put("manifest.json", json.dumps(manifest, indent=1).encode())
+    write_manifest(out, build_manifest(spec.model_dump(mode="json"), shards))
     return run

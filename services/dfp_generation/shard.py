@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from dfp_shared.completions import completion_record, encode_records, errors_key, records_key
 from dfp_shared.specs.generate import GenerateSpec
 from dfp_shared.storage import NotFound, ObjectStore, open_store
 from prometheus_client import Counter
@@ -72,27 +73,20 @@ def sampling_params(spec: GenerateSpec) -> SamplingParams:
                           thinking=spec.thinking)
 
 
-def completion_record(prompt: Prompt, sample: int, req: GenRequest, res: GenResult, spec: GenerateSpec,
-                      engine: Engine) -> dict:
-    answer = {"role": "assistant", "content": res.content}
-    if res.reasoning is not None:
-        answer["reasoning_content"] = res.reasoning
+def completion_meta(prompt: Prompt, sample: int, req: GenRequest, res: GenResult, spec: GenerateSpec,
+                    engine: Engine) -> dict:
     return {
-        "id": req.id,
-        "messages": [*prompt.messages, answer],
-        "meta": {
-            "model": engine.model_name,
-            "engine": engine.name,
-            "sampling": {"temperature": spec.temperature, "top_p": spec.top_p, "max_new_tokens": spec.max_new_tokens,
-                         "seed": req.seed, "thinking": spec.thinking},
-            "finish_reason": res.finish_reason,
-            "truncated": res.truncated,
-            "prompt_tokens": res.prompt_tokens,
-            "completion_tokens": res.completion_tokens,
-            "prompt_id": prompt.id,
-            "sample_index": sample,
-            "source": {"file": prompt.file, "line": prompt.line},
-        },
+        "model": engine.model_name,
+        "engine": engine.name,
+        "sampling": {"temperature": spec.temperature, "top_p": spec.top_p, "max_new_tokens": spec.max_new_tokens,
+                     "seed": req.seed, "thinking": spec.thinking},
+        "finish_reason": res.finish_reason,
+        "truncated": res.truncated,
+        "prompt_tokens": res.prompt_tokens,
+        "completion_tokens": res.completion_tokens,
+        "prompt_id": prompt.id,
+        "sample_index": sample,
+        "source": {"file": prompt.file, "line": prompt.line},
     }
 
 
@@ -107,10 +101,6 @@ def prune_stale(out: ObjectStore, shard_keys: list[str]) -> list[str]:
     if stale:
         log.warning("removed shard files of an earlier run", extra={"count": len(stale), "first": stale[0]})
     return stale
-
-
-def _jsonl(rows: list[dict]) -> bytes:
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
 
 
 class ShardRunner:
@@ -174,7 +164,8 @@ class ShardRunner:
         for prompt, sample, req in requests:
             res = finished.get(req.id) or failed[req.id]
             if res.ok:
-                rec = completion_record(prompt, sample, req, res, self.spec, self.engine)
+                rec = completion_record(req.id, prompt.messages, res.content, res.reasoning,
+                                        completion_meta(prompt, sample, req, res, self.spec, self.engine))
                 records.append(rec)
                 outcome.truncated += rec["meta"]["truncated"]
                 outcome.output_tokens += res.completion_tokens
@@ -183,11 +174,11 @@ class ShardRunner:
                                "error": res.error, "attempts": res.attempts, "kind": "generation_failed"})
         outcome.completions = len(records)
         outcome.errors = len(errors) - len(unreadable)
-        self.out.put(f"completions/{key}.jsonl", _jsonl(records))
+        self.out.put(records_key(key), encode_records(records))
         if errors:
-            self.out.put(f"errors/{key}.jsonl", _jsonl(errors))
+            self.out.put(errors_key(key), encode_records(errors))
         else:
-            self.out.delete(f"errors/{key}.jsonl")
+            self.out.delete(errors_key(key))
         counts = {k: v for k, v in asdict(outcome).items() if k not in ("key", "skipped", "stopped")}
         self.out.put(f"done/{key}.json", json.dumps({"fingerprint": fingerprint, "counts": counts}).encode())
         self.out.delete(f"partial/{key}.jsonl")
@@ -223,7 +214,7 @@ class ShardRunner:
 
     def _checkpoint(self, key: str, fingerprint: str, finished: dict[str, GenResult]) -> None:
         rows = [{"fingerprint": fingerprint}] + [r.to_dict() for r in finished.values()]
-        self.out.put(f"partial/{key}.jsonl", _jsonl(rows))
+        self.out.put(f"partial/{key}.jsonl", encode_records(rows))
 
     def _load_partial(self, key: str, fingerprint: str) -> dict[str, GenResult]:
         try:

@@ -14,6 +14,7 @@ import logging
 import time
 
 import redis
+from dfp_shared.completions import MANIFEST, SHARD_COUNTS, build_manifest, shard_entry, write_manifest
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.ownership import OutputClaims
 from dfp_shared.queue import Task, TaskQueue
@@ -46,7 +47,7 @@ class SpecError(ValueError):
 
 def output_uris(spec: GenerateSpec) -> dict:
     base = spec.output.rstrip("/")
-    return {"completions": f"{base}/completions/", "errors": f"{base}/errors/", "manifest": f"{base}/manifest.json"}
+    return {"completions": f"{base}/completions/", "errors": f"{base}/errors/", "manifest": f"{base}/{MANIFEST}"}
 
 
 def build_engine(spec: GenerateSpec, settings: GenerationSettings) -> Engine:
@@ -203,19 +204,12 @@ class GenerationHandler:
             return  # a duplicate finalize task
         out = open_store(spec.output, endpoint_url=self.settings.s3_endpoint_url)
         plan = json.loads(out.get("plan.json"))
-        shards = []
-        for s in plan["shards"]:
-            key = ShardPlan.from_payload(s).key
-            done = json.loads(out.get(f"done/{key}.json"))
-            shards.append({"key": f"completions/{key}.jsonl", **done["counts"],
-                           **({"errors_key": f"errors/{key}.jsonl"} if done["counts"]["errors"]
-                              or done["counts"]["unreadable"] else {})})
-        totals = {k: sum(s[k] for s in shards) for k in ("prompts", "completions", "errors", "unreadable",
-                                                         "truncated", "output_tokens")}
-        manifest = {"format": "dflash-completions/1", "job_id": task.job_id, "spec": spec.model_dump(mode="json"),
-                    **totals, "shards": shards}
-        prune_stale(out, [ShardPlan.from_payload(s).key for s in plan["shards"]])
-        out.put("manifest.json", json.dumps(manifest, indent=1).encode())
+        keys = [ShardPlan.from_payload(s).key for s in plan["shards"]]
+        shards = [shard_entry(key, json.loads(out.get(f"done/{key}.json"))["counts"]) for key in keys]
+        manifest = build_manifest(spec.model_dump(mode="json"), shards, job_id=task.job_id)
+        totals = {k: manifest[k] for k in SHARD_COUNTS}
+        prune_stale(out, keys)
+        write_manifest(out, manifest)
         outputs = output_uris(spec)
         if totals["completions"] == 0:
             finish_job(self.r, task.job_id, JobState.failed, outputs=outputs,

@@ -1,10 +1,11 @@
 """Job records in Redis: one state machine, counters, rate and ETA, events and cancel flags.
 
-The API and every worker use this one implementation. Keys:
-``dfp:job:<id>`` (hash: record), ``dfp:job:<id>:counters`` / ``:totals`` (hashes of numbers),
-``dfp:job:<id>:done`` (set of finished task keys, for exactly-once counting),
-``dfp:job:<id>:events`` (stream of state and progress events), ``dfp:jobs`` (sorted set by
-creation time) and ``dfp:idem:<key>`` (idempotency keys).
+The API and every worker use this one implementation, and only it names the keys (see
+:class:`JobKeys`): ``dfp:job:<id>`` (hash: record), ``dfp:job:<id>:counters`` / ``:totals`` (hashes
+of numbers), ``dfp:job:<id>:done`` (set of finished task keys, for exactly-once counting),
+``dfp:job:<id>:events`` (stream of state and progress events), ``dfp:job:<id>:cancel`` (flag),
+``dfp:job:<id>:live`` (generation's live shard progress), ``dfp:jobs`` (sorted set by creation
+time) and ``dfp:idem:<key>`` (idempotency keys).
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 
 import redis
 
 EVENTS_MAXLEN = 2000
+JOBS_INDEX = "dfp:jobs"
+IDEMPOTENCY_PREFIX = "dfp:idem:"
 
 
 class JobState(str, Enum):
@@ -122,17 +125,41 @@ redis.call('HINCRBYFLOAT', KEYS[2], 'tasks', 1)
 return 1
 """
 
-_READ_WITHOUT_SPEC = """
+# KEYS: record keys; ARGV[1]: '1' to include the spec. Per job: record, counters, totals (flat lists).
+READ_RECORDS = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local rec, kept = redis.call('HGETALL', key), {}
-  for j = 1, #rec, 2 do
-    if rec[j] ~= 'spec' then kept[#kept + 1] = rec[j]; kept[#kept + 1] = rec[j + 1] end
+  local rec = redis.call('HGETALL', key)
+  if ARGV[1] ~= '1' then
+    local kept = {}
+    for j = 1, #rec, 2 do
+      if rec[j] ~= 'spec' then kept[#kept + 1] = rec[j]; kept[#kept + 1] = rec[j + 1] end
+    end
+    rec = kept
   end
-  out[i] = {kept, redis.call('HGETALL', key .. ':counters'), redis.call('HGETALL', key .. ':totals')}
+  out[i] = {rec, redis.call('HGETALL', key .. ':counters'), redis.call('HGETALL', key .. ':totals')}
 end
 return out
 """
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """The Redis keys of one job: its record, and ``<record>:<name>`` for each other field."""
+
+    record: str
+    counters: str
+    totals: str
+    done: str
+    events: str
+    cancel: str
+    live: str
+    """Generation's live shard progress (see ``dfp_generation.live``)."""
+
+    @classmethod
+    def of(cls, job_id: str) -> JobKeys:
+        record = f"dfp:job:{job_id}"
+        return cls(record, **{f.name: f"{record}:{f.name}" for f in fields(cls) if f.name != "record"})
 
 
 class JobStore:
@@ -142,11 +169,45 @@ class JobStore:
         self.r = client
         self._transition = client.register_script(_TRANSITION)
         self._complete = client.register_script(_COMPLETE_TASK)
-        self._read_without_spec = client.register_script(_READ_WITHOUT_SPEC)
+        self._read_records = client.register_script(READ_RECORDS)
 
     @staticmethod
-    def _key(job_id: str) -> str:
-        return f"dfp:job:{job_id}"
+    def keys(job_id: str) -> JobKeys:
+        return JobKeys.of(job_id)
+
+    # reads shared with the async readers (dfp_api.store): the command here, the decoding here
+
+    @staticmethod
+    def records_request(job_ids: list[str], *, spec: bool = True) -> dict:
+        """``keys`` and ``args`` of :data:`READ_RECORDS` for these jobs."""
+        return {"keys": [JobStore.keys(job_id).record for job_id in job_ids], "args": ["1" if spec else "0"]}
+
+    @staticmethod
+    def decode_records(rows: list) -> list[JobRecord | None]:
+        """The records of a :data:`READ_RECORDS` reply, in order; None for a job that does not exist."""
+        pairs = lambda flat: dict(zip(flat[::2], flat[1::2]))  # noqa: E731
+        return [JobStore._record(pairs(rec), pairs(counters), pairs(totals)) if rec else None
+                for rec, counters, totals in rows]
+
+    @staticmethod
+    def events_request(job_id: str, after: str = "0-0", block_ms: int | None = None, count: int = 100) -> dict:
+        """Arguments of the ``XREAD`` of a job's events after stream id ``after`` (waiting up to
+        ``block_ms`` for the first; None: not at all)."""
+        return {"streams": {JobStore.keys(job_id).events: after}, "count": count, "block": block_ms}
+
+    @staticmethod
+    def decode_events(reply) -> list[tuple[str, str, dict]]:
+        """The events of an ``XREAD`` reply as (id, type, data)."""
+        rows = reply[0][1] if reply else []
+        return [(i, f.get("type", ""), json.loads(f.get("data") or "{}")) for i, f in rows]
+
+    @staticmethod
+    def queue_task_flags(pipe, job_id: str, task_keys: list[str]) -> None:
+        """Queue on ``pipe`` what :meth:`is_cancelled` and :meth:`is_task_done` read, for several tasks of
+        one job: two replies, the job's cancel flag and the tasks' done flags."""
+        keys = JobStore.keys(job_id)
+        pipe.exists(keys.cancel)
+        pipe.smismember(keys.done, task_keys)
 
     # create / read
 
@@ -156,31 +217,31 @@ class JobStore:
         """Create a queued job. With an idempotency key already used, returns that job and False."""
         job_id = job_id or uuid.uuid4().hex[:16]
         if idempotency_key:
-            idem = f"dfp:idem:{idempotency_key}"
+            idem = IDEMPOTENCY_PREFIX + idempotency_key
             if not self.r.set(idem, job_id, nx=True, ex=7 * 24 * 3600):
                 existing = self.r.get(idem)
                 return self.get(existing), False
         now = time.time()
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self._key(job_id), mapping={
+        pipe.hset(self.keys(job_id).record, mapping={
             "id": job_id, "type": job_type, "state": JobState.queued.value, "spec": json.dumps(spec),
             "created_at": repr(now), "primary_unit": primary_unit, "outputs": "{}",
             **({"parent_id": parent_id} if parent_id else {}), **({"stage": stage} if stage else {}),
             **({"owner": owner} if owner else {}),
         })
         if totals:
-            pipe.hset(self._key(job_id) + ":totals", mapping={k: float(v) for k, v in totals.items()})
-        pipe.zadd("dfp:jobs", {job_id: now})
-        pipe.xadd(self._key(job_id) + ":events", {"type": "state", "data": json.dumps({"state": "queued", "at": now})},
+            pipe.hset(self.keys(job_id).totals, mapping={k: float(v) for k, v in totals.items()})
+        pipe.zadd(JOBS_INDEX, {job_id: now})
+        pipe.xadd(self.keys(job_id).events, {"type": "state", "data": json.dumps({"state": "queued", "at": now})},
                   maxlen=EVENTS_MAXLEN, approximate=True)
         pipe.execute()
         return self.get(job_id), True
 
     def get(self, job_id: str) -> JobRecord:
         pipe = self.r.pipeline(transaction=False)
-        pipe.hgetall(self._key(job_id))
-        pipe.hgetall(self._key(job_id) + ":counters")
-        pipe.hgetall(self._key(job_id) + ":totals")
+        pipe.hgetall(self.keys(job_id).record)
+        pipe.hgetall(self.keys(job_id).counters)
+        pipe.hgetall(self.keys(job_id).totals)
         rec, counters, totals = pipe.execute()
         if not rec:
             raise JobNotFound(job_id)
@@ -203,20 +264,18 @@ class JobStore:
              offset: int = 0, limit: int = 50, spec: bool = True) -> tuple[list[JobRecord], int]:
         """Newest first, filtered (``owner``: only that principal's jobs); returns (page, total matching).
         With ``spec=False`` the page's records are read in one call without their specs (left ``{}``)."""
-        ids = self.r.zrevrange("dfp:jobs", 0, -1)
+        ids = self.r.zrevrange(JOBS_INDEX, 0, -1)
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hmget(self._key(job_id), "state", "type", "owner")
+            pipe.hmget(self.keys(job_id).record, "state", "type", "owner")
         matching = [job_id for job_id, (st, ty, ow) in zip(ids, pipe.execute())
                     if st is not None and (state is None or st == state) and (job_type is None or ty == job_type)
                     and (owner is None or ow == owner)]
         page = []
         if not spec:
             chosen = matching[offset:offset + limit]
-            rows = self._read_without_spec(keys=[self._key(job_id) for job_id in chosen]) if chosen else []
-            pairs = lambda flat: dict(zip(flat[::2], flat[1::2]))  # noqa: E731
-            return [self._record(pairs(rec), pairs(counters), pairs(totals))
-                    for rec, counters, totals in rows if rec], len(matching)
+            rows = self._read_records(**self.records_request(chosen, spec=False)) if chosen else []
+            return [rec for rec in self.decode_records(rows) if rec is not None], len(matching)
         for job_id in matching[offset:offset + limit]:
             try:
                 page.append(self.get(job_id))
@@ -231,7 +290,7 @@ class JobStore:
         new_state = JobState(new_state)
         allowed_from = {s.value: True for s, targets in ALLOWED.items() if new_state in targets}
         res = self._transition(
-            keys=[self._key(job_id), self._key(job_id) + ":events"],
+            keys=[self.keys(job_id).record, self.keys(job_id).events],
             args=[json.dumps(allowed_from), new_state.value, repr(time.time()), "1" if new_state.terminal else "0",
                   error or "", json.dumps(outputs) if outputs is not None else "", EVENTS_MAXLEN],
         )
@@ -249,43 +308,43 @@ class JobStore:
 
     def set_outputs(self, job_id: str, **outputs) -> None:
         rec = self.get(job_id)
-        self.r.hset(self._key(job_id), "outputs", json.dumps({**rec.outputs, **outputs}))
+        self.r.hset(self.keys(job_id).record, "outputs", json.dumps({**rec.outputs, **outputs}))
 
     def cancel(self, job_id: str) -> JobRecord:
         """Cancel a queued or running job: workers stop taking its tasks. 409-style error if finished."""
         rec = self.transition(job_id, JobState.cancelled)
-        self.r.set(self._key(job_id) + ":cancel", "1", ex=30 * 24 * 3600)
+        self.r.set(self.keys(job_id).cancel, "1", ex=30 * 24 * 3600)
         return rec
 
     def is_cancelled(self, job_id: str) -> bool:
-        return bool(self.r.exists(self._key(job_id) + ":cancel"))
+        return bool(self.r.exists(self.keys(job_id).cancel))
 
     # progress
 
     def set_totals(self, job_id: str, **totals: float) -> None:
         if totals:
-            self.r.hset(self._key(job_id) + ":totals", mapping={k: float(v) for k, v in totals.items()})
+            self.r.hset(self.keys(job_id).totals, mapping={k: float(v) for k, v in totals.items()})
 
     def add_progress(self, job_id: str, **deltas: float) -> None:
         """Plain increments (not exactly-once); use :meth:`complete_task` for per-task totals."""
         pipe = self.r.pipeline(transaction=False)
         for k, v in deltas.items():
-            pipe.hincrbyfloat(self._key(job_id) + ":counters", k, v)
+            pipe.hincrbyfloat(self.keys(job_id).counters, k, v)
         pipe.execute()
 
     def set_counters(self, job_id: str, **values: float) -> None:
         if values:
-            self.r.hset(self._key(job_id) + ":counters", mapping={k: float(v) for k, v in values.items()})
+            self.r.hset(self.keys(job_id).counters, mapping={k: float(v) for k, v in values.items()})
 
     def complete_task(self, job_id: str, task_key: str, **deltas: float) -> bool:
         """Count a finished task and its counters exactly once; False if it was already counted."""
         args = [task_key]
         for k, v in deltas.items():
             args += [k, float(v)]
-        return bool(self._complete(keys=[self._key(job_id) + ":done", self._key(job_id) + ":counters"], args=args))
+        return bool(self._complete(keys=[self.keys(job_id).done, self.keys(job_id).counters], args=args))
 
     def is_task_done(self, job_id: str, task_key: str) -> bool:
-        return bool(self.r.sismember(self._key(job_id) + ":done", task_key))
+        return bool(self.r.sismember(self.keys(job_id).done, task_key))
 
     def all_tasks_done(self, job_id: str) -> bool:
         rec = self.get(job_id)
@@ -295,18 +354,12 @@ class JobStore:
     # events
 
     def emit(self, job_id: str, event_type: str, data: dict) -> None:
-        self.r.xadd(self._key(job_id) + ":events", {"type": event_type, "data": json.dumps(data)},
+        self.r.xadd(self.keys(job_id).events, {"type": event_type, "data": json.dumps(data)},
                     maxlen=EVENTS_MAXLEN, approximate=True)
 
     def events(self, job_id: str, after: str = "0-0", block_ms: int | None = None, count: int = 100) -> list[tuple[str, str, dict]]:
         """Events after stream id ``after``: (id, type, data)."""
-        key = self._key(job_id) + ":events"
-        if block_ms is None:
-            rows = self.r.xrange(key, min=f"({after}" if after != "0-0" else "-", count=count)
-        else:
-            resp = self.r.xread({key: after}, block=block_ms, count=count)
-            rows = resp[0][1] if resp else []
-        return [(i, f.get("type", ""), json.loads(f.get("data") or "{}")) for i, f in rows]
+        return self.decode_events(self.r.xread(**self.events_request(job_id, after, block_ms, count)))
 
 
 def _num(v: str) -> float | int:

@@ -29,16 +29,22 @@ class DatasetError(ValueError):
 
 
 @dataclass
-class Shard:
+class FlatSamples:
+    """Samples stored flat: all tokens and masks concatenated, and the sample boundaries."""
+
     input_ids: torch.Tensor  # (N,) int32
     loss_mask: torch.Tensor  # (N,) uint8
     offsets: torch.Tensor  # (S+1,) int64
     sample_ids: list[str]
-    metadata: dict = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:
         return len(self.offsets) - 1
+
+
+@dataclass
+class Shard(FlatSamples):
+    metadata: dict = field(default_factory=dict)
 
     def sample(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -133,18 +139,10 @@ def build_manifest(entries: list[dict], *, extra: dict | None = None) -> dict:
 
 
 @dataclass
-class TokenDataset:
+class TokenDataset(FlatSamples):
     """A whole dataset in memory: concatenated tensors and sample boundaries."""
 
-    input_ids: torch.Tensor  # (N,) int32
-    loss_mask: torch.Tensor  # (N,) uint8
-    offsets: torch.Tensor  # (S+1,) int64
-    sample_ids: list[str]
     manifest: dict
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.offsets) - 1
 
     @property
     def lengths(self) -> torch.Tensor:

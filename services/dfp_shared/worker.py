@@ -21,7 +21,6 @@ A service supplies a handler ``handle(task, ctx) -> dict | None``. The loop:
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 import traceback
@@ -32,6 +31,7 @@ from prometheus_client import Counter, Histogram
 
 from .jobs import JobNotFound, JobState, JobStore
 from .queue import LEASE_EXPIRED, Task, TaskQueue, default_consumer_name
+from .signals import StopSignals
 from .storage import AccessRefused
 from .submit import finish_job
 
@@ -112,18 +112,18 @@ class Worker:
         self._seconds = TASK_SECONDS.labels(queue.kind)
 
     def install_signal_handlers(self) -> None:
-        def on_signal(signum, _frame):
+        def on_signal(_count, signum):
             if self.abort.is_set():
                 return
             if self.stopping.is_set():
                 self.abort.set()
+                signals.ignore()  # as the check above would, also while the interpreter shuts down
                 log.warning("second signal: giving the tasks in hand back", extra={"signal": signum})
                 raise WorkerAborted()
             self.stopping.set()
             log.info("shutdown requested; finishing the task in hand", extra={"signal": signum})
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        signals = StopSignals(on_signal).install()
 
     def run(self, max_tasks: int | None = None, idle_exit_s: float | None = None) -> int:
         """Consume until stopped (or ``max_tasks`` done, or idle for ``idle_exit_s``). Returns tasks handled."""
@@ -217,8 +217,7 @@ class Worker:
 
         def queue_checks(pipe):
             for job_id, job_tasks in by_job.items():
-                pipe.exists(JobStore._key(job_id) + ":cancel")
-                pipe.smismember(JobStore._key(job_id) + ":done", [t.key for t in job_tasks])
+                JobStore.queue_task_flags(pipe, job_id, [t.key for t in job_tasks])
 
         flags = iter(self._flush(queue_checks))
         self._cancel_flags, self._done_flags = {}, {}

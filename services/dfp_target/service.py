@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 
 from dfp_shared import shm_transport
 from dfp_shared.metrics import start_metrics_server
 from dfp_shared.models import load_causal_lm, local_model_dir
+from dfp_shared.signals import StopSignals
 from dfp_shared.target_local import build_model_info
 
 from .server import TargetServer
@@ -36,10 +35,8 @@ def serve(settings: TargetSettings) -> None:
     except shm_transport.ShmError as exc:
         raise SystemExit(f"Error: {exc}") from None
     start_metrics_server(settings.metrics_port)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"target listening on port {server.port}", flush=True)
-    stop.wait()
-    log.info("draining", extra={"grace_s": settings.drain_seconds})
-    server.stop()
+    with StopSignals() as signals:
+        print(f"target listening on port {server.port}", flush=True)
+        signals.stop.wait()
+        log.info("draining", extra={"grace_s": settings.drain_seconds})
+        server.stop()

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.redis_conn import connect
+from dfp_shared.signals import STOP_SIGNALS, StopSignals, ignore_sigint
 from dfp_shared.storage_roots import StorageRoots
 
 from .limits import EncodeLimits
@@ -41,19 +42,15 @@ def run_process(settings: TokenizerSettings, *, idle_exit_s: float | None = None
     handler = TokenizeHandler(r, encoders, settings.s3_endpoint_url, StorageRoots.from_settings(settings))
     host = socket.gethostname()
     workers = [TokenizeWorker(queue, jobs, handler, consumer=f"{host}-{os.getpid()}-{t}") for t in range(settings.threads)]
-    stopping = threading.Event()
 
-    def on_signal(signum, _frame):
+    def on_signal(count, _signum):
         for w in workers:
-            if stopping.is_set():
+            if count > 1:
                 w.abort.set()
             w.stopping.set()
-        stopping.set()
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_signal)
-        if handle_sigint:
-            signal.signal(signal.SIGINT, on_signal)
+        StopSignals(on_signal, signals=STOP_SIGNALS if handle_sigint else (signal.SIGTERM,)).install()
     threads = [threading.Thread(target=w.run, kwargs={"idle_exit_s": idle_exit_s}, name=f"tokenize-{slot}-{i}")
                for i, w in enumerate(workers)]
     for t in threads:
@@ -69,7 +66,7 @@ def _child(settings_json: str, slot: int, idle_exit_s: float | None) -> None:
     from dfp_shared.logs import setup_logging
 
     settings = TokenizerSettings.model_validate_json(settings_json)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into one SIGTERM
+    ignore_sigint()  # the parent turns Ctrl-C into one SIGTERM
     setup_logging(settings.log_level, settings.log_json, service="tokenizer")
     run_process(settings, idle_exit_s=idle_exit_s, slot=slot, handle_sigint=False)
 
@@ -120,15 +117,14 @@ class Pool:
 
     def run(self, tick: Callable[[], bool] | None = None, tick_s: float = 0.25) -> int:
         """Run until every process has exited. ``tick()`` is called periodically; True stops the pool."""
-        def on_signal(signum, _frame):
+        def on_signal(_count, _signum):
             if self.stopping:
                 for p in self.children.values():
                     if p.is_alive():
                         os.kill(p.pid, signal.SIGKILL)
             self.stop()
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        StopSignals(on_signal).install()
         for slot in range(self.processes):
             self._start(slot)
         while self.children:

@@ -19,12 +19,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from dfp_shared.completions import REASONING, record_id, record_messages
+from dfp_shared.thinking import split_inline_reasoning
+
 ROLE_ALIASES = {
     "user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",
     "model": "assistant", "bot": "assistant", "chatgpt": "assistant", "tool": "tool", "function": "tool",
     "observation": "tool", "ipython": "tool", "function_call": "assistant",
 }
-REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
+REASONING_FIELDS = (REASONING, "reasoning", "thinking")
 PASSTHROUGH_FIELDS = ("tool_calls", "name", "tool_call_id")
 
 # reason codes (also the keys of the errors-by-reason counters)
@@ -98,15 +101,6 @@ def _text(value, where: str) -> str:
     raise SampleError(BAD_MESSAGE, f"{where}: content must be a string or a list of text parts, got {type(value).__name__}")
 
 
-def split_inline_reasoning(content: str) -> tuple[str | None, str]:
-    """``"<think>r</think>c"`` -> ``("r", "c")`` the way Qwen3's template splits it; no ``</think>``: (None, content)."""
-    if "</think>" not in content:
-        return None, content
-    parts = content.split("</think>")
-    reasoning = parts[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
-    return reasoning, parts[-1].lstrip("\n")
-
-
 def normalise_message(raw, index: int) -> dict:
     where = f"message {index}"
     if not isinstance(raw, dict):
@@ -142,9 +136,8 @@ def parse_line(line: bytes | str, default_id: str) -> Sample:
         raise SampleError(MALFORMED_JSON, f"not valid JSON ({short_detail(str(exc))})") from None
     if not isinstance(obj, dict):
         raise SampleError(NOT_AN_OBJECT, f"expected a JSON object, got {type(obj).__name__}")
-    sid = obj.get("id")
-    sid = str(sid) if sid is not None and sid != "" else default_id
-    raw_msgs = obj.get("messages", obj.get("conversations", obj.get("conversation")))
+    sid = record_id(obj, default_id)
+    raw_msgs = record_messages(obj)
     if raw_msgs is None:
         raise SampleError(NO_MESSAGES, "no 'messages' or 'conversations' field", sid)
     if not isinstance(raw_msgs, list):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import torch
+from dfp_shared.stop_tokens import stop_token_ids as default_stop_ids  # report.py imports it from here
 
 from .attention import decode_masks
 from .data import Batch
@@ -115,13 +116,6 @@ def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool) -> l
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                          enable_thinking=enable_thinking)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def default_stop_ids(tokenizer) -> list[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab)
-    return sorted(ids)
 
 
 def acceptance(drafter, target_model, prompts: Iterable[torch.Tensor], *, max_new_tokens: int,

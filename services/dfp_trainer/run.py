@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
 
 import click
 from dfp_shared.cli_support import settings_or_exit
+from dfp_shared.signals import StopSignals
 from dfp_shared.specs.train import TrainSpec
 
 from .data import DataError
@@ -33,14 +33,7 @@ EXIT_BAD_INPUT = 2
 
 
 def install_stop_flag() -> threading.Event:
-    stop = threading.Event()
-
-    def on_signal(_signum, _frame):
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return stop
+    return StopSignals().install().stop
 
 
 def run_local(spec: TrainSpec, settings: TrainerSettings, *, job_id: str | None = None, stop: threading.Event | None = None,

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
+from dfp_shared.completions import read_manifest
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.storage import open_store
 from dfp_shared.submit import submit_job
@@ -82,7 +83,7 @@ def test_job_to_s3_counts_progress_and_rerun_skips(tmp_path, redis_server, redis
     assert sorted(r["id"] for r in records) == sorted(ids - {"q003"})
     assert [e["id"] for e in errors if "id" in e] == ["q003"]
     assert [(e["line"], e["kind"]) for e in errors if "id" not in e] == [(8, "unreadable_prompt")]
-    manifest = json.loads(store.get("manifest.json"))
+    manifest = read_manifest(store)
     assert manifest["completions"] == 9 and len(manifest["shards"]) == 3
     assert not list(store.list("partial/"))
 

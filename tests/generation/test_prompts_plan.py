@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from dfp_generation.engines.base import derive_seed, split_thinking
+from dfp_generation.engines.base import derive_seed
 from dfp_generation.engines.openai_engine import parse_retry_after
 from dfp_generation.plan import plan_shards
 from dfp_generation.prompts import (
@@ -102,17 +102,6 @@ def test_resolve_prompt_set(tmp_path, s3_bucket, s3_server):
     assert src.keys == ["x.jsonl", "y.jsonl"]
     one = resolve_prompt_set(s3_bucket + "/prompts/y.jsonl", endpoint_url=s3_server.endpoint_url)
     assert one.keys == ["prompts/y.jsonl"]
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("<think>\nplan\n</think>\n\nanswer", ("plan", "answer", True)),
-    ("plan\n</think>\n\nanswer", ("plan", "answer", True)),  # template opened <think> in the prompt
-    ("<think>\nstill thinking", ("still thinking", "", False)),
-    ("just an answer", (None, "just an answer", True)),
-    ("<think>\n\n</think>\n\nno thoughts", ("", "no thoughts", True)),
-])
-def test_split_thinking(text, expected):
-    assert split_thinking(text) == expected
 
 
 def test_seeds_and_retry_after():

@@ -1,5 +1,5 @@
 """Generation engines behind one interface: ``transformers`` (in-process) and ``openai`` (HTTP)."""
 
-from .base import Engine, GenRequest, GenResult, SamplingParams, split_thinking
+from .base import Engine, GenRequest, GenResult, SamplingParams
 
-__all__ = ["Engine", "GenRequest", "GenResult", "SamplingParams", "split_thinking"]
+__all__ = ["Engine", "GenRequest", "GenResult", "SamplingParams"]

@@ -1,4 +1,4 @@
-"""The engine interface, the request/result types, and the thinking-mode output split."""
+"""The engine interface and the request/result types."""
 
 from __future__ import annotations
 
@@ -6,9 +6,6 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
 
 
 @dataclass(frozen=True)
@@ -59,25 +56,6 @@ def derive_seed(base: int, prompt_id: str, sample: int) -> int:
     """A per-(prompt, sample) seed, stable across runs and machines."""
     digest = hashlib.sha256(f"{base}\x00{prompt_id}\x00{sample}".encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-def split_thinking(text: str) -> tuple[str | None, str, bool]:
-    """Split generated text into (reasoning, answer, reasoning_closed).
-
-    Handles ``<think>R</think>A``, templates that open ``<think>`` in the prompt (output ``R</think>A``),
-    and thinking cut off before ``</think>`` (reasoning_closed False, answer empty). Text without
-    think tags is all answer (reasoning None).
-    """
-    if THINK_CLOSE in text:
-        before, _, after = text.partition(THINK_CLOSE)
-        if THINK_OPEN in before:
-            before = before.split(THINK_OPEN, 1)[1]
-        return before.strip("\n"), after.lstrip("\n"), True
-    if THINK_OPEN in text:
-        head, _, rest = text.partition(THINK_OPEN)
-        if not head.strip():
-            return rest.strip("\n"), "", False
-    return None, text, True
 
 
 class Engine(ABC):

@@ -19,9 +19,10 @@ import time
 from collections import deque
 
 import httpx
+from dfp_shared.thinking import split_thinking
 from prometheus_client import Counter
 
-from .base import Engine, GenRequest, GenResult, ResultCallback, SamplingParams, StopCheck, split_thinking
+from .base import Engine, GenRequest, GenResult, ResultCallback, SamplingParams, StopCheck
 
 log = logging.getLogger(__name__)
 

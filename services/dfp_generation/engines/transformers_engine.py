@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 
 import torch
+from dfp_shared.stop_tokens import stop_token_ids
+from dfp_shared.thinking import split_thinking
 
-from .base import Engine, GenRequest, GenResult, ResultCallback, SamplingParams, StopCheck, split_thinking
+from .base import Engine, GenRequest, GenResult, ResultCallback, SamplingParams, StopCheck
 
 log = logging.getLogger(__name__)
-
-STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
 class TransformersEngine(Engine):
@@ -35,14 +35,7 @@ class TransformersEngine(Engine):
         self.device = next(self.model.parameters()).device
         self.batch_size = batch_size
         self.model_name = model_name or model_uri
-        vocab = self.tokenizer.get_vocab()
-        stops = {vocab[t] for t in STOP_TOKENS if t in vocab}
-        for eos in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
-            if isinstance(eos, int):
-                stops.add(eos)
-            elif isinstance(eos, list):
-                stops.update(eos)
-        self.stop_ids = sorted(stops)
+        self.stop_ids = stop_token_ids(self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None))
         self.max_positions = getattr(text_config(self.model.config), "max_position_embeddings", None)
         log.info("transformers engine ready", extra={"model": self.model_name, "device": str(self.device),
                                                      "batch_size": batch_size})

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from dfp_shared.local_redis import RedisServer, free_port, wait_for_port
-from dfp_shared.processes import ProcessGroup
 from rich.console import Console
+
+from .demo_support.local_redis import RedisServer, free_port, wait_for_port
+from .demo_support.processes import ProcessGroup
 
 console = Console()
 
@@ -53,8 +54,8 @@ def service_cmd(*args: str) -> list[str]:
 
 def prepare_inputs(cfg: DemoConfig, store_dir: Path) -> tuple[Path, Path]:
     """The tiny target checkpoint and the prompt file, under the store."""
-    from dfp_shared.models import build_tiny_qwen3
-    from dfp_shared.tokenizer_assets import qwen3_tokenizer_dir
+    from .demo_support.qwen3_tokenizer import qwen3_tokenizer_dir
+    from .demo_support.tiny_target import build_tiny_qwen3
 
     with console.status("fetching the Qwen3 tokenizer and building the tiny target"):
         tok_dir = qwen3_tokenizer_dir()

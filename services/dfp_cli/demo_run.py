@@ -115,7 +115,7 @@ def wait_ready(group: ProcessGroup, api_url: str, target_port: int, timeout: flo
 
 def run_demo(cfg: DemoConfig) -> int:
     """Run the pipeline end to end; returns the process exit code."""
-    from .client import Api
+    from .api_client import Api
     from .client_view import watch_job
 
     out = cfg.out_dir.resolve()

@@ -17,35 +17,16 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
 
+from .demo_config import DemoConfig
 from .demo_support.local_redis import RedisServer, free_port, wait_for_port
 from .demo_support.processes import ProcessGroup
 
 console = Console()
-
-
-@dataclass
-class DemoConfig:
-    """What the demo runs; the defaults finish in a few minutes on 2 CPU cores."""
-
-    out_dir: Path
-    prompts: int = 32
-    """Prompts taken from the built-in set (at most its size)."""
-    max_new_tokens: int = 96
-    """Tokens the tiny target generates per prompt (greedy)."""
-    train_steps: int = 150
-    """Optimiser steps of the drafter."""
-    draft_layers: int = 1
-    """Draft decoder layers."""
-    eval_prompts: int = 8
-    """Held-out prompts for the acceptance-length evaluation."""
-    fresh: bool = False
-    """Delete the output directory first."""
 
 
 def service_cmd(*args: str) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import click
@@ -36,7 +37,7 @@ def job_table(page: dict) -> None:
     console.print(table)
 
 
-def show(data: dict, as_json: bool, view) -> None:
+def show(data: dict, as_json: bool, view: Callable[[dict], None]) -> None:
     """``data`` as indented JSON, or through ``view`` (one of the views here)."""
     if as_json:
         click.echo(json.dumps(data, indent=2))

@@ -1,4 +1,4 @@
-"""The job client: ``dflash-pipeline submit | jobs | status | cancel`` over the REST API (httpx).
+"""The job client: ``dflash-pipeline submit | jobs | status | cancel`` over the REST API.
 
 The API URL and key come from ``--api-url`` / ``--api-key`` or ``DFLASH_API_URL`` /
 ``DFLASH_API_KEY``. A spec comes from a YAML/JSON file (``-f``), ``--set field=value`` pairs
@@ -8,51 +8,16 @@ job type (``submit generate --prompts ... --output ... --model ...``), later one
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
-import httpx
 import yaml
 from dfp_shared.cli_support import apply_assignments, put_field
 from dfp_shared.specs import SPECS
 
-from .client_view import job_table, job_view, watch_job
-
-DEFAULT_URL = "http://127.0.0.1:8000"
-
-
-class Api:
-    """Thin httpx wrapper: raises ClickException with the server's message on errors."""
-
-    def __init__(self, url: str, key: str | None, timeout: float = 30.0):
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
-
-    def call(self, method: str, path: str, **kw) -> httpx.Response:
-        try:
-            resp = self.http.request(method, path, **kw)
-        except httpx.HTTPError as exc:
-            raise click.ClickException(f"cannot reach the API at {self.http.base_url}: {exc}") from None
-        if resp.status_code >= 400:
-            raise click.ClickException(describe_error(resp))
-        return resp
-
-
-def describe_error(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return f"HTTP {resp.status_code}: {resp.text[:300]}"
-    fields = body.get("fields") or []
-    message = "" if fields else body.get("message", "")
-    lines = [f"HTTP {resp.status_code} {body.get('error', '')}: {message}".rstrip(" :")]
-    for f in fields:
-        lines.append(f"  {f['field']}: {f['reason']}")
-    if resp.status_code == 429 and resp.headers.get("Retry-After"):
-        lines.append(f"  retry after {resp.headers['Retry-After']} s")
-    return "\n".join(lines)
+from .api_client import DEFAULT_URL, Api
+from .client_view import job_line, job_table, job_view, show, watch_job
 
 
 def api_options(fn):
@@ -107,11 +72,8 @@ def _submit_command(job_type: str) -> click.Command:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         resp = api.call("POST", "/v1/jobs", json={"type": job_type, "spec": spec}, headers=headers)
         job = resp.json()
-        if as_json:
-            click.echo(json.dumps(job, indent=2))
-        else:
-            replay = " (already submitted with this idempotency key)" if resp.status_code == 200 else ""
-            click.echo(f"{job['id']}  {job['type']}  {job['state']}{replay}")
+        replay = " (already submitted with this idempotency key)" if resp.status_code == 200 else ""
+        show(job, as_json, lambda record: job_line(record, replay))
         if watch:
             sys.exit(watch_job(api, job["id"]))
 
@@ -153,11 +115,7 @@ def jobs(api_url, api_key, state, job_type, limit, offset, as_json):
     """List jobs, newest first."""
     params = {k: v for k, v in {"state": state, "type": job_type, "limit": limit, "offset": offset}.items()
               if v is not None}
-    page = Api(api_url, api_key).call("GET", "/v1/jobs", params=params).json()
-    if as_json:
-        click.echo(json.dumps(page, indent=2))
-    else:
-        job_table(page)
+    show(Api(api_url, api_key).call("GET", "/v1/jobs", params=params).json(), as_json, job_table)
 
 
 @click.command()
@@ -170,11 +128,7 @@ def status(api_url, api_key, job_id, watch, as_json):
     api = Api(api_url, api_key)
     if watch:
         sys.exit(watch_job(api, job_id))
-    job = api.call("GET", f"/v1/jobs/{job_id}").json()
-    if as_json:
-        click.echo(json.dumps(job, indent=2))
-    else:
-        job_view(job)
+    show(api.call("GET", f"/v1/jobs/{job_id}").json(), as_json, job_view)
 
 
 @click.command()
@@ -182,5 +136,4 @@ def status(api_url, api_key, job_id, watch, as_json):
 @click.argument("job_id")
 def cancel(api_url, api_key, job_id):
     """Cancel a queued or running job (a pipeline also cancels its running stage)."""
-    job = Api(api_url, api_key).call("POST", f"/v1/jobs/{job_id}/cancel").json()
-    click.echo(f"{job['id']}  {job['type']}  {job['state']}")
+    job_line(Api(api_url, api_key).call("POST", f"/v1/jobs/{job_id}/cancel").json())

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 import click
-import httpx
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+from .api_client import Api, sse_events
 
 console = Console(highlight=False)
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -37,6 +37,19 @@ def job_table(page: dict) -> None:
     console.print(table)
 
 
+def show(data: dict, as_json: bool, view: Callable[[dict], None]) -> None:
+    """``data`` as indented JSON, or through ``view`` (one of the views here)."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        view(data)
+
+
+def job_line(job: dict, note: str = "") -> None:
+    """One line: id, type and state (and ``note``)."""
+    click.echo(f"{job['id']}  {job['type']}  {job['state']}{note}")
+
+
 def job_view(job: dict) -> None:
     p = job["progress"]
     console.print(f"[bold]{job['id']}[/bold]  {job['type']}  [bold]{job['state']}[/bold]")
@@ -53,50 +66,7 @@ def job_view(job: dict) -> None:
     console.print("  spec: " + json.dumps(job["spec"]))
 
 
-def sse_events(api, job_id: str, last_id: str | None = None) -> Iterator[tuple[str, str | None, dict]]:
-    """(event, id, data) from the job's event stream, reconnecting (with Last-Event-ID) until ``end``."""
-    failures = 0
-    while True:
-        headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
-        try:
-            with api.http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
-                                 timeout=httpx.Timeout(30.0, read=None)) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    from .client import describe_error
-
-                    raise click.ClickException(describe_error(resp))
-                event, data, ev_id = "message", [], None
-                for line in resp.iter_lines():
-                    if line == "":
-                        if data:
-                            payload = json.loads("\n".join(data))
-                            if ev_id:
-                                last_id = ev_id
-                            yield event, ev_id, payload
-                            if event == "end":
-                                return
-                        event, data, ev_id = "message", [], None
-                    elif line.startswith(":"):
-                        continue
-                    else:
-                        field, _, value = line.partition(":")
-                        value = value[1:] if value.startswith(" ") else value
-                        if field == "event":
-                            event = value
-                        elif field == "data":
-                            data.append(value)
-                        elif field == "id":
-                            ev_id = value
-            failures = 0
-        except httpx.TransportError as exc:
-            failures += 1
-            if failures > 5:
-                raise click.ClickException(f"lost the event stream of {job_id}: {exc}") from None
-            time.sleep(min(5.0, 0.5 * failures))
-
-
-def watch_job(api, job_id: str) -> int:
+def watch_job(api: Api, job_id: str) -> int:
     """Live progress bars from the job's events until it ends; returns 0 if it succeeded, else 1."""
     job = api.call("GET", f"/v1/jobs/{job_id}").json()
     console.print(f"watching {job_id} ({job['type']})")

@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
+
+from .demo_config import DemoConfig
+
+
+def config_options(fn):
+    """A flag for every :class:`DemoConfig` field that has a ``help``, with the field's default."""
+    for f in reversed(dataclasses.fields(DemoConfig)):
+        if "help" not in f.metadata:
+            continue
+        name = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            fn = click.option(name, is_flag=True, default=f.default, help=f.metadata["help"])(fn)
+        else:
+            fn = click.option(name, type=type(f.default), default=f.default, show_default=True,
+                              help=f.metadata["help"])(fn)
+    return fn
 
 
 @click.command()
 @click.option("--out", "out_dir", default="demo-output", show_default=True, type=click.Path(path_type=Path),
               help="Directory for the store, logs and Redis data.")
-@click.option("--prompts", type=int, default=32, show_default=True, help="Prompts from the built-in set.")
-@click.option("--max-new-tokens", type=int, default=96, show_default=True, help="Tokens generated per prompt.")
-@click.option("--train-steps", type=int, default=150, show_default=True, help="Drafter optimiser steps.")
-@click.option("--fresh", is_flag=True, help="Delete the output directory first.")
-def demo(out_dir: Path, prompts: int, max_new_tokens: int, train_steps: int, fresh: bool):
+@config_options
+def demo(out_dir: Path, **flags):
     """Run the whole pipeline locally on the CPU with a tiny Qwen3 target.
 
     Starts a private Redis, the API, the generation and tokenizer workers, the gRPC target
@@ -22,7 +36,6 @@ def demo(out_dir: Path, prompts: int, max_new_tokens: int, train_steps: int, fre
     shows live progress, and ends with the completions, token shards, a trained drafter and an
     evaluation report (acceptance length of the trained vs the untrained drafter).
     """
-    from .demo_run import DemoConfig, run_demo
+    from .demo_run import run_demo
 
-    raise SystemExit(run_demo(DemoConfig(out_dir=out_dir, prompts=prompts, max_new_tokens=max_new_tokens,
-                                         train_steps=train_steps, fresh=fresh)))
+    raise SystemExit(run_demo(DemoConfig(out_dir=out_dir, **flags)))

@@ -17,35 +17,17 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from dfp_shared.local_redis import RedisServer, free_port, wait_for_port
-from dfp_shared.processes import ProcessGroup
 from dfp_shared.signals import StopSignals, raise_keyboard_interrupt
 from rich.console import Console
 
+from .demo_config import DemoConfig
+from .demo_support.local_redis import RedisServer, free_port, wait_for_port
+from .demo_support.processes import ProcessGroup
+
 console = Console()
-
-
-@dataclass
-class DemoConfig:
-    """What the demo runs; the defaults finish in a few minutes on 2 CPU cores."""
-
-    out_dir: Path
-    prompts: int = 32
-    """Prompts taken from the built-in set (at most its size)."""
-    max_new_tokens: int = 96
-    """Tokens the tiny target generates per prompt (greedy)."""
-    train_steps: int = 150
-    """Optimiser steps of the drafter."""
-    draft_layers: int = 1
-    """Draft decoder layers."""
-    eval_prompts: int = 8
-    """Held-out prompts for the acceptance-length evaluation."""
-    fresh: bool = False
-    """Delete the output directory first."""
 
 
 def service_cmd(*args: str) -> list[str]:
@@ -54,8 +36,8 @@ def service_cmd(*args: str) -> list[str]:
 
 def prepare_inputs(cfg: DemoConfig, store_dir: Path) -> tuple[Path, Path]:
     """The tiny target checkpoint and the prompt file, under the store."""
-    from dfp_shared.models import build_tiny_qwen3
-    from dfp_shared.tokenizer_assets import qwen3_tokenizer_dir
+    from .demo_support.qwen3_tokenizer import qwen3_tokenizer_dir
+    from .demo_support.tiny_target import build_tiny_qwen3
 
     with console.status("fetching the Qwen3 tokenizer and building the tiny target"):
         tok_dir = qwen3_tokenizer_dir()
@@ -115,7 +97,7 @@ def wait_ready(group: ProcessGroup, api_url: str, target_port: int, timeout: flo
 
 def run_demo(cfg: DemoConfig) -> int:
     """Run the pipeline end to end; returns the process exit code."""
-    from .client import Api
+    from .api_client import Api
     from .client_view import watch_job
 
     out = cfg.out_dir.resolve()

@@ -1,13 +1,8 @@
-"""Loading target models (local or object storage), and tiny random-initialised Qwen3 targets.
-
-Tests and the demo build tiny models in code and save them as ordinary Hugging Face checkpoints,
-so they are loaded through exactly the same path as a real target.
-"""
+"""Loading target models (local or object storage): device, dtype, fingerprint and DFlash layer choice."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from pathlib import Path
@@ -15,7 +10,6 @@ from pathlib import Path
 import torch
 
 from .storage import local_dir_confined
-from .tokenizer_assets import MASK_TOKEN, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -95,48 +89,3 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
         raise ValueError(f"a target with {num_target_layers} layers is too shallow for {num_draft_layers} draft layers")
     span = end - start
     return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
-
-
-def build_tiny_qwen3(out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike, *, num_layers: int = 8,
-                     hidden_size: int = 64, intermediate_size: int = 128, num_heads: int = 4, num_kv_heads: int = 2,
-                     head_dim: int = 16, max_position_embeddings: int = 4096, seed: int = 0,
-                     hybrid: bool = False) -> Path:
-    """Save a random-initialised tiny Qwen3 (or Qwen3.5-style hybrid) target with the real tokenizer.
-
-    The tokenizer gets the DFlash mask token; the vocabulary is sized to the tokenizer.
-    ``hybrid=True`` builds a ``qwen3_5_text`` model mixing linear- and full-attention layers.
-    """
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    out = Path(out_dir)
-    if (out / "config.json").exists() and list(out.glob("*.safetensors")):
-        return out
-    tok = load_tokenizer(tokenizer_dir, add_mask_token=True)
-    vocab = len(tok)
-    torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=hidden_size, intermediate_size=intermediate_size,
-                  num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-                  head_dim=head_dim, max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
-                  bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
-                  eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-                  pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
-    if hybrid:
-        from transformers import Qwen3_5TextConfig
-
-        layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)]
-        config = Qwen3_5TextConfig(**common, layer_types=layer_types, linear_num_key_heads=2, linear_num_value_heads=4,
-                                   linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
-    else:
-        from transformers import Qwen3Config
-
-        config = Qwen3Config(**common)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # larger-than-default init so the tiny model's outputs are not near-uniform
-        model.get_output_embeddings().weight.normal_(0, 0.5)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    (out / "dflash_tiny.json").write_text(json.dumps({"seed": seed, "hybrid": hybrid, "mask_token": MASK_TOKEN}))
-    return out

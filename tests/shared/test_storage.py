@@ -16,7 +16,7 @@ from dfp_shared.storage import (
     open_store,
     split_uri,
 )
-from dfp_shared.storage_roots import canonical_uri
+from dfp_shared.storage_uris import canonical_uri
 
 MiB = 1024 * 1024
 

@@ -8,7 +8,8 @@ import os
 import pytest
 from dfp_shared.ownership import MARKER, OutputClaims, OutputOwned
 from dfp_shared.storage import AccessRefused, LocalStore, open_store, split_uri
-from dfp_shared.storage_roots import OutsideRoots, StorageRoots, canonical_uri
+from dfp_shared.storage_roots import OutsideRoots, StorageRoots
+from dfp_shared.storage_uris import canonical_uri
 
 
 @pytest.mark.parametrize("bad", [

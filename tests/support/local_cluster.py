@@ -23,8 +23,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dfp_shared.local_redis import free_port
-from dfp_shared.processes import ProcessGroup
+from dfp_cli.demo_support.local_redis import free_port
+from dfp_cli.demo_support.processes import ProcessGroup
 
 KEEP_MOUNTS = ("/dev/shm",)
 
@@ -178,7 +178,7 @@ class LocalCluster:
             if argv[:1] == ["dflash-pipeline"]:
                 argv = [self.python, "-m", "dfp_cli.main", *argv[1:]]
             if argv[:1] == ["redis-server"]:
-                from dfp_shared.local_redis import redis_binary
+                from dfp_cli.demo_support.local_redis import redis_binary
 
                 argv = [redis_binary(), *argv[1:], "--port", str(port_map[6379])]
             run_env = {**self.base_env, **env, **extra_env}

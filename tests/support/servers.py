@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from dfp_shared.local_redis import RedisServer, free_port, redis_binary, wait_for_port
+from dfp_cli.demo_support.local_redis import RedisServer, free_port, redis_binary, wait_for_port
 
 __all__ = ["RedisServer", "S3Server", "free_port", "redis_binary", "wait_for_port"]
 

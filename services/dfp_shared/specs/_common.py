@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel
 
-from ..storage_roots import OutsideRoots, canonical_uri
+from ..storage_uris import OutsideRoots, canonical_uri
 
 
 def _uri(value: str) -> str:
@@ -20,7 +20,7 @@ def _uri(value: str) -> str:
 
 StorageUri = Annotated[str, AfterValidator(_uri)]
 """A canonical ``s3://bucket/key`` or ``file:///path`` URI, or an absolute local path (see
-:func:`dfp_shared.storage_roots.canonical_uri`); whether it lies inside the operator's roots is
+:func:`dfp_shared.storage_uris.canonical_uri`); whether it lies inside the operator's roots is
 checked by the API and by every worker."""
 
 

@@ -1,0 +1,85 @@
+"""The HTTP client of the REST API (httpx): calls, the server's error messages, and a job's event stream."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import click
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class Api:
+    """Thin httpx wrapper: raises ClickException with the server's message on errors."""
+
+    def __init__(self, url: str, key: str | None, timeout: float = 30.0):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def call(self, method: str, path: str, **kw) -> httpx.Response:
+        try:
+            resp = self.http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise click.ClickException(f"cannot reach the API at {self.http.base_url}: {exc}") from None
+        if resp.status_code >= 400:
+            raise click.ClickException(describe_error(resp))
+        return resp
+
+
+def describe_error(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code}: {resp.text[:300]}"
+    fields = body.get("fields") or []
+    message = "" if fields else body.get("message", "")
+    lines = [f"HTTP {resp.status_code} {body.get('error', '')}: {message}".rstrip(" :")]
+    for f in fields:
+        lines.append(f"  {f['field']}: {f['reason']}")
+    if resp.status_code == 429 and resp.headers.get("Retry-After"):
+        lines.append(f"  retry after {resp.headers['Retry-After']} s")
+    return "\n".join(lines)
+
+
+def sse_events(api: Api, job_id: str, last_id: str | None = None) -> Iterator[tuple[str, str | None, dict]]:
+    """(event, id, data) from the job's event stream, reconnecting (with Last-Event-ID) until ``end``."""
+    failures = 0
+    while True:
+        headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
+        try:
+            with api.http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
+                                 timeout=httpx.Timeout(30.0, read=None)) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise click.ClickException(describe_error(resp))
+                event, data, ev_id = "message", [], None
+                for line in resp.iter_lines():
+                    if line == "":
+                        if data:
+                            payload = json.loads("\n".join(data))
+                            if ev_id:
+                                last_id = ev_id
+                            yield event, ev_id, payload
+                            if event == "end":
+                                return
+                        event, data, ev_id = "message", [], None
+                    elif line.startswith(":"):
+                        continue
+                    else:
+                        field, _, value = line.partition(":")
+                        value = value[1:] if value.startswith(" ") else value
+                        if field == "event":
+                            event = value
+                        elif field == "data":
+                            data.append(value)
+                        elif field == "id":
+                            ev_id = value
+            failures = 0
+        except httpx.TransportError as exc:
+            failures += 1
+            if failures > 5:
+                raise click.ClickException(f"lost the event stream of {job_id}: {exc}") from None
+            time.sleep(min(5.0, 0.5 * failures))

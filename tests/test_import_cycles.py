@@ -1,0 +1,120 @@
+"""The import graph of services/: no cycle between modules, and no service importing another service.
+
+Every import counts, also those inside functions. ``from pkg import name`` imports the submodule
+``pkg.name`` when there is one, else it goes through ``pkg/__init__``. The generated gRPC code
+(dfp_shared/rpc) is left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SERVICES = Path(__file__).resolve().parents[1] / "services"
+SKIPPED = ("dfp_shared.rpc",)
+SHARED = "dfp_shared"
+UMBRELLA = "dfp_cli"  # the `dflash-pipeline` command: it may import the service CLIs
+
+
+def module_files() -> dict[str, Path]:
+    modules = {}
+    for path in sorted(SERVICES.rglob("*.py")):
+        parts = list(path.relative_to(SERVICES).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        name = ".".join(parts)
+        if not any(name == s or name.startswith(s + ".") for s in SKIPPED):
+            modules[name] = path
+    return modules
+
+
+def imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of services/ that module ``name`` imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+
+    def nearest(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [nearest(alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                targets.append(sub if sub in modules else nearest(base))
+        found.update(t for t in targets if t and t != name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imported(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_sees_imports_inside_functions_and_relative_ones():
+    graph = import_graph()
+    assert "dfp_cli.demo_support.tiny_target" in graph["dfp_cli.demo_run"]  # inside a function, relative
+    assert "dfp_shared.storage" in graph["dfp_shared.models"]
+    assert not any(m.startswith("dfp_shared.rpc") for m in graph)
+
+
+def test_no_import_cycle_between_modules():
+    found = cycles(import_graph())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_services_import_no_other_service_but_the_shared_package():
+    wrong = []
+    for module, targets in import_graph().items():
+        own = module.split(".")[0]
+        for target in targets:
+            other = target.split(".")[0]
+            if other in (own, SHARED):
+                continue
+            if own == UMBRELLA and target == f"{other}.cli":
+                continue
+            wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(sorted(wrong))

@@ -192,7 +192,7 @@ def _fingerprints(tokenizer, fingerprint, mask_token: str) -> tuple[str, ...]:
 def open_source(target_url: str, model_dir, info: DistInfo):
     """The hidden-state source named by ``target_url``: ``inprocess`` (the target loaded on this rank's
     device) or a client of the comma-separated gRPC addresses."""
-    from dfp_shared.target_client import open_hidden_state_source
+    from dfp_shared.hidden_states import open_hidden_state_source
 
     if target_url.strip().lower() == "inprocess":
         return open_hidden_state_source(target_url, str(model_dir), device=str(info.device))

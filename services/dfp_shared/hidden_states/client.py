@@ -10,7 +10,7 @@
 - zero-copy decode: each sequence's chunks land in one preallocated bytearray that
   ``torch.frombuffer`` views;
 - same-node fast path (``shm_dir``): the tensors come through a shared-memory segment this client
-  owns (see :mod:`dfp_shared.shm_transport`).
+  owns (see :mod:`dfp_shared.hidden_states.shm_transport`).
 """
 
 from __future__ import annotations
@@ -26,25 +26,16 @@ import uuid
 import grpc
 import torch
 
-from .hidden_states import HiddenStateSource, InvalidInput, ModelInfo, SourceUnavailable
-from .rpc import target_pb2 as pb
-from .target_wire import HIDDEN_STATES_METHOD, MODEL_INFO_METHOD, SequenceAssembler, decode_chunk, pack_tokens
+from ..rpc import target_pb2 as pb
+from .contract import HiddenStateSource, InvalidInput, ModelInfo, SourceUnavailable
+from .model_info import channel_options, info_from_message
+from .packing import plan_requests
 from .tensor_codec import to_dtype
+from .wire import HIDDEN_STATES_METHOD, MODEL_INFO_METHOD, SequenceAssembler, decode_chunk, pack_tokens
 
 log = logging.getLogger(__name__)
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
-
-
-def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    return [("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.http2.max_frame_size", 16777215),
-            ("grpc.enable_retries", 0),
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-            ("grpc.use_local_subchannel_pool", 1)]
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -80,14 +71,6 @@ def resolve(addresses: str | list[str]) -> list[str]:
     if not out:
         raise ValueError(f"no target addresses in {addresses!r}")
     return out
-
-
-def info_from_message(msg: pb.ModelInfo) -> ModelInfo:
-    return ModelInfo(model_id=msg.model_id, fingerprint=msg.fingerprint, num_layers=msg.num_layers,
-                     hidden_size=msg.hidden_size, vocab_size=msg.vocab_size, dtype=msg.dtype,
-                     layer_ids=list(msg.layer_ids), max_tokens_per_request=msg.max_tokens_per_request,
-                     tokenizer_fingerprint=msg.tokenizer_fingerprint, max_sequence_length=msg.max_sequence_length,
-                     max_message_bytes=msg.max_message_bytes)
 
 
 class TargetClient:
@@ -187,15 +170,7 @@ class TargetClient:
             return []
         self._next_stub()  # binds channels and the semaphore to this loop
         budget = min(self.tokens_per_call, info.max_tokens_per_request or self.tokens_per_call)
-        lengths = [int(s.numel()) for s in sequences]
-        groups, current, used = [], [], 0
-        for i, n in enumerate(lengths):  # calls of at most `budget` tokens, in order
-            if current and used + n > budget:
-                groups.append(current)
-                current, used = [], 0
-            current.append(i)
-            used += n
-        groups.append(current)
+        groups = plan_requests([int(s.numel()) for s in sequences], budget)
         parts = await asyncio.gather(*(self._limited(sequences, g, list(layer_ids or info.layer_ids), info)
                                        for g in groups))
         out: list[torch.Tensor | None] = [None] * len(sequences)
@@ -285,7 +260,7 @@ def open_hidden_state_source(target_url: str, model_dir: str | None = None, **kw
     if target_url.strip().lower() == "inprocess":
         if not model_dir:
             raise ValueError("an in-process target needs the model directory")
-        from .target_local import InProcessTarget
+        from .local import InProcessTarget
 
         return InProcessTarget(model_dir, **kwargs)
     return TargetClient(target_url, **kwargs)

@@ -73,6 +73,23 @@ def resolve(addresses: str | list[str]) -> list[str]:
     return out
 
 
+class Backoff:
+    """Exponential retry delays from ``initial_s`` up to ``max_s``, for ``deadline_s`` seconds from its creation."""
+
+    def __init__(self, deadline_s: float, initial_s: float, max_s: float):
+        self._deadline = time.monotonic() + deadline_s
+        self._delay, self._max_s = initial_s, max_s
+
+    def expired(self) -> bool:
+        return time.monotonic() > self._deadline
+
+    def next_delay(self, jitter: bool = False) -> float:
+        """The next delay (with jitter: between half and one and a half of it); doubles the one after."""
+        delay = self._delay * (0.5 + random.random()) if jitter else self._delay
+        self._delay = min(self._delay * 2, self._max_s)
+        return delay
+
+
 class TargetClient:
     def __init__(self, addresses: str | list[str], *, channels_per_replica: int = 2, max_in_flight: int = 8,
                  tokens_per_call: int = 8192, retry_deadline_s: float = 120.0, backoff_initial_s: float = 0.05,
@@ -81,9 +98,7 @@ class TargetClient:
         self.addresses = addresses
         self.channels_per_replica = channels_per_replica
         self.tokens_per_call = tokens_per_call
-        self.retry_deadline_s = retry_deadline_s
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
+        self._retry = (retry_deadline_s, backoff_initial_s, backoff_max_s)  # a Backoff's arguments
         self.max_message_bytes = max_message_bytes
         self.timeout_s = timeout_s
         self.resolve_every_s = resolve_every_s
@@ -109,8 +124,7 @@ class TargetClient:
             return self._info
 
     def _fetch_info(self) -> ModelInfo:
-        deadline = time.monotonic() + self.retry_deadline_s
-        delay = self.backoff_initial_s
+        backoff = Backoff(*self._retry)
         while True:
             errors = []
             for target in self.replicas:
@@ -121,10 +135,9 @@ class TargetClient:
                         return info_from_message(call(pb.ModelInfoRequest(), timeout=10))
                     except grpc.RpcError as exc:
                         errors.append(f"{target}: {exc.code().name} {exc.details()}")
-            if time.monotonic() > deadline:
+            if backoff.expired():
                 raise SourceUnavailable("target unreachable: " + "; ".join(errors))
-            time.sleep(delay)
-            delay = min(delay * 2, self.backoff_max_s)
+            time.sleep(backoff.next_delay())
             self._maybe_resolve(force=True)
 
     # ------------------------------------------------------------------ channels
@@ -186,8 +199,7 @@ class TargetClient:
     async def _call(self, pending: dict[int, torch.Tensor], order: list[int], layer_ids: list[int],
                     info: ModelInfo) -> list[torch.Tensor]:
         results: dict[int, torch.Tensor] = {}
-        deadline = time.monotonic() + self.retry_deadline_s
-        delay = self.backoff_initial_s
+        backoff = Backoff(*self._retry)
         pool = self._shm_pool()
         itemsize = to_dtype(info.dtype).itemsize
         while pending:
@@ -213,13 +225,12 @@ class TargetClient:
                         self._shm_dir, pool = None, None
                         continue
                     raise InvalidInput(exc.details()) from None
-                if code not in RETRYABLE or time.monotonic() > deadline:
+                if code not in RETRYABLE or backoff.expired():
                     raise SourceUnavailable(f"target {target}: {code.name} {exc.details()}") from None
                 self.stats["retries"] += 1
                 log.warning("target call to %s failed (%s: %s), retrying %d sequences", target, code.name,
                             exc.details(), len(pending))
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, self.backoff_max_s)
+                await asyncio.sleep(backoff.next_delay(jitter=True))
                 self._maybe_resolve()
             finally:
                 if segment is not None and pool is not None:

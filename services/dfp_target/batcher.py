@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
+from dfp_shared.hidden_states import padded_batches
 
 from . import metrics
 
@@ -100,20 +101,13 @@ class DynamicBatcher:
                 self._cond.wait(0.5)
             deadline = time.monotonic() + self.max_wait_s
             while True:
-                batch, longest = [], 0
-                for item in self._queue:
-                    new_longest = max(longest, item.length)
-                    if batch and new_longest * (len(batch) + 1) > self.max_batch_tokens:
-                        break
-                    batch.append(item)
-                    longest = new_longest
-                full = len(batch) < len(self._queue)
+                count = len(next(padded_batches((item.length for item in self._queue), self.max_batch_tokens)))
+                full = count < len(self._queue)
                 remaining = deadline - time.monotonic()
                 if full or remaining <= 0 or self._closing:
                     break
                 self._cond.wait(remaining)
-            for _ in batch:
-                self._queue.popleft()
+            batch = [self._queue.popleft() for _ in range(count)]
             self._queued_tokens -= sum(i.length for i in batch)
             metrics.QUEUE_TOKENS.set(self._queued_tokens)
         return batch

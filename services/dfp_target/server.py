@@ -1,6 +1,6 @@
 """The target gRPC server: validates calls, feeds the dynamic batcher, streams hidden states back.
 
-Replies are pre-encoded bytes (:mod:`dfp_shared.target_wire`), one tensor copy per chunk. A call
+Replies are pre-encoded bytes (:mod:`dfp_shared.hidden_states.wire`), one tensor copy per chunk. A call
 that names a shared-memory segment gets its tensors written there and a reply of handles only.
 The standard health service and server reflection are registered; SIGTERM drains (health goes
 NOT_SERVING, new calls are refused, calls in flight finish within ``drain_seconds``).
@@ -13,24 +13,28 @@ import threading
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 
 import grpc
-from dfp_shared import shm_transport
 from dfp_shared.hidden_states import (
-    InvalidInput,
-    ModelInfo,
-    forward_batch,
-    resolve_layers,
-    validate_sequences,
-)
-from dfp_shared.rpc import target_pb2 as pb
-from dfp_shared.target_wire import (
     HIDDEN_STATES,
     MODEL_INFO,
     SERVICE,
+    SHM_HEADER_BYTES,
+    CodecError,
+    InvalidInput,
+    ModelInfo,
+    SegmentCache,
+    ShmError,
+    dtype_name,
     encode_chunk,
+    forward_batch,
+    info_to_message,
+    resolve_layers,
+    server_options,
     tensor_chunks,
+    to_dtype,
     unpack_tokens,
+    validate_sequences,
 )
-from dfp_shared.tensor_codec import CodecError, dtype_name, to_dtype
+from dfp_shared.rpc import target_pb2 as pb
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -39,22 +43,6 @@ from .batcher import BatcherClosed, DynamicBatcher, QueueFull
 from .settings import TargetSettings
 
 log = logging.getLogger(__name__)
-
-
-def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """Channel/server options tuned for large streamed tensors (see the hidden-states benchmark)."""
-    return [("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.http2.max_frame_size", 16777215),
-            ("grpc.so_reuseport", 0)]
-
-
-def info_message(info: ModelInfo) -> pb.ModelInfo:
-    return pb.ModelInfo(model_id=info.model_id, fingerprint=info.fingerprint, num_layers=info.num_layers,
-                        hidden_size=info.hidden_size, vocab_size=info.vocab_size, dtype=info.dtype,
-                        layer_ids=info.layer_ids, max_tokens_per_request=info.max_tokens_per_request,
-                        tokenizer_fingerprint=info.tokenizer_fingerprint,
-                        max_sequence_length=info.max_sequence_length, max_message_bytes=info.max_message_bytes)
 
 
 class TargetServer:
@@ -70,7 +58,7 @@ class TargetServer:
                                       on_batch=metrics.observe_gpu_memory)
         self.itemsize = to_dtype(info.dtype).itemsize
         self.server = grpc.server(ThreadPoolExecutor(settings.handler_threads, thread_name_prefix="target-rpc"),
-                                  options=grpc_options(settings.max_message_bytes))
+                                  options=server_options(settings.max_message_bytes))
         handlers = {
             MODEL_INFO.name: grpc.unary_unary_rpc_method_handler(
                 self.get_model_info, request_deserializer=pb.ModelInfoRequest.FromString,
@@ -90,13 +78,13 @@ class TargetServer:
         self._active = 0
         self._active_cond = threading.Condition()
         self._sweeper: threading.Thread | None = None
-        self.segments: shm_transport.SegmentCache | None = None
+        self.segments: SegmentCache | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> TargetServer:
         if self.settings.shm_dir:  # creates (mode 0700) and checks the private segment directory
-            self.segments = shm_transport.SegmentCache(self.settings.shm_dir)
+            self.segments = SegmentCache(self.settings.shm_dir)
             self.segments.sweep()
             self._sweeper = threading.Thread(target=self._sweep_loop, name="shm-sweeper", daemon=True)
             self._sweeper.start()
@@ -135,13 +123,13 @@ class TargetServer:
         try:
             self.segments.sweep()
             self.segments.prune()
-        except (OSError, shm_transport.ShmError):
+        except (OSError, ShmError):
             log.exception("shared-memory sweep failed")
 
     # ------------------------------------------------------------------ RPCs
 
     def get_model_info(self, request, context) -> pb.ModelInfo:
-        return info_message(self.info)
+        return info_to_message(self.info)
 
     @staticmethod
     def _wait(fut, context, poll: float = 0.2):
@@ -169,10 +157,10 @@ class TargetServer:
             if not self.settings.shm_dir:
                 raise InvalidInput("shared memory is disabled on this target")
             need = (sum(len(s) for s in sequences) * len(layers) * self.info.hidden_size * self.itemsize
-                    + shm_transport.HEADER_BYTES)
+                    + SHM_HEADER_BYTES)
             if request.shm.size < need:
                 raise InvalidInput(f"shared-memory segment of {request.shm.size} bytes cannot hold {need} bytes "
-                                   f"(its {shm_transport.HEADER_BYTES}-byte header and the tensors)")
+                                   f"(its {SHM_HEADER_BYTES}-byte header and the tensors)")
             segment = self.segments.open(request.shm.name, need, request.shm.token)
         return sequences, layers, segment
 
@@ -202,7 +190,7 @@ class TargetServer:
                 threading.Thread(target=self._sweep, daemon=True).start()
 
         context.add_callback(finished)
-        offset = shm_transport.HEADER_BYTES  # tensors follow the segment's header
+        offset = SHM_HEADER_BYTES  # tensors follow the segment's header
         for index, fut in enumerate(futures):
             try:
                 states = self._wait(fut, context)

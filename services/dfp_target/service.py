@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from dfp_shared import shm_transport
+from dfp_shared.hidden_states import PrivateDir, ShmError, build_model_info
 from dfp_shared.metrics import start_metrics_server
 from dfp_shared.models import load_causal_lm, local_model_dir
 from dfp_shared.signals import StopSignals
-from dfp_shared.target_local import build_model_info
 
 from .server import TargetServer
 from .settings import TargetSettings
@@ -30,9 +29,9 @@ def serve(settings: TargetSettings) -> None:
     """Serve until SIGTERM or SIGINT, then drain."""
     try:
         if settings.shm_dir:  # refuse an unsafe segment directory before loading the model
-            shm_transport.PrivateDir(settings.shm_dir).close()
+            PrivateDir(settings.shm_dir).close()
         server = build(settings).start()
-    except shm_transport.ShmError as exc:
+    except ShmError as exc:
         raise SystemExit(f"Error: {exc}") from None
     start_metrics_server(settings.metrics_port)
     with StopSignals() as signals:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from dfp_shared.hidden_states import plan_requests
 
 from .data import Batch
 
@@ -260,16 +261,7 @@ async def fetch_hidden(source, sequences: list[torch.Tensor], layer_ids: list[in
 
     Sequences are sent in requests of at most ``max_tokens_per_request`` tokens, all concurrently.
     """
-    groups: list[list[int]] = [[]]
-    budget = max_tokens_per_request or 0
-    used = 0
-    for i, s in enumerate(sequences):
-        n = int(s.numel())
-        if budget and groups[-1] and used + n > budget:
-            groups.append([])
-            used = 0
-        groups[-1].append(i)
-        used += n
+    groups = plan_requests([int(s.numel()) for s in sequences], max_tokens_per_request)
     results = await asyncio.gather(*(source.hidden_states([sequences[i] for i in g], layer_ids) for g in groups))
     flat: list[torch.Tensor] = [None] * len(sequences)  # type: ignore[list-item]
     for g, res in zip(groups, results, strict=True):

@@ -84,7 +84,7 @@ def serve_repeated_float(port: int, ready) -> None:
 
 
 def serve_tcp(port: int, ready) -> None:
-    from dfp_shared.tensor_codec import tensor_bytes
+    from dfp_shared.hidden_states.tensor_codec import tensor_bytes
 
     data = tensor_bytes(payload())
     with socket.socket() as listener:
@@ -143,7 +143,7 @@ def best_rate(fn, nbytes: int, repeats: int) -> float:
 
 def measure_target(sequences: int, repeats: int, chunk_bytes: int, channels: int, shm_dir: str | None) -> float:
     import torch
-    from dfp_shared.target_client import TargetClient
+    from dfp_shared.hidden_states import TargetClient
 
     port = free_port()
     proc = start(serve_target, port, chunk_bytes, shm_dir or "")

@@ -32,10 +32,8 @@ import torch
 # project imports: every one in this block
 from dfp_generation.engines.base import GenRequest, SamplingParams
 from dfp_generation.engines.transformers_engine import TransformersEngine
-from dfp_shared.hidden_states import plan_batches
-from dfp_shared.shm_transport import HEADER_BYTES, ShmPool
-from dfp_shared.target_client import TargetClient
-from dfp_shared.target_local import InProcessTarget, build_model_info
+from dfp_shared.hidden_states import InProcessTarget, TargetClient, build_model_info, plan_batches
+from dfp_shared.hidden_states.shm_transport import HEADER_BYTES, ShmPool
 from dfp_shared.token_shards import TokenDataset
 from dfp_target.server import TargetServer
 from dfp_target.settings import TargetSettings

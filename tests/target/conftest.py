@@ -35,8 +35,7 @@ def shm_dir():
 @pytest.fixture
 def make_server(tmp_path):
     """Build and start in-process target servers: ``make_server(model, model_dir, run=None, **settings)``."""
-    from dfp_shared.hidden_states import forward_batch
-    from dfp_shared.target_local import build_model_info
+    from dfp_shared.hidden_states import build_model_info, forward_batch
     from dfp_target.server import TargetServer
     from dfp_target.settings import TargetSettings
 

@@ -12,7 +12,7 @@ import signal
 import sys
 
 import torch
-from dfp_shared.target_client import TargetClient
+from dfp_shared.hidden_states import TargetClient
 
 
 async def main(port: int, shm_dir: str, count: int = 6, length: int = 39) -> None:

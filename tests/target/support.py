@@ -101,7 +101,7 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool
 
 def shm_files(directory: Path) -> list[str]:
     """Segment and lock files in the private segment directory under ``directory``."""
-    from dfp_shared.shm_transport import segment_dir
+    from dfp_shared.hidden_states.shm_transport import segment_dir
 
     private = segment_dir(directory)
     names = os.listdir(private) if private.is_dir() else []

@@ -8,10 +8,9 @@ import threading
 import grpc
 import pytest
 import torch
-from dfp_shared.hidden_states import InvalidInput, forward_batch
+from dfp_shared.hidden_states import InvalidInput, TargetClient, forward_batch
+from dfp_shared.hidden_states.wire import HIDDEN_STATES_METHOD, decode_chunk
 from dfp_shared.rpc import target_pb2 as pb
-from dfp_shared.target_client import TargetClient
-from dfp_shared.target_wire import HIDDEN_STATES_METHOD, decode_chunk
 
 from .support import random_sequences, run
 
@@ -31,7 +30,7 @@ def ids_request(seqs, layer_ids=(1,), dtype="int32", numbers=()):
 
 @pytest.fixture(scope="module")
 def server(qwen3_model, tiny_qwen3_dir):
-    from dfp_shared.target_local import build_model_info
+    from dfp_shared.hidden_states import build_model_info
     from dfp_target.server import TargetServer
     from dfp_target.settings import TargetSettings
 

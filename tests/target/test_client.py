@@ -6,11 +6,22 @@ import socket
 import threading
 
 import torch
-from dfp_shared.hidden_states import HiddenStateSource, forward_batch
+from dfp_shared.hidden_states import (
+    HiddenStateSource,
+    InProcessTarget,
+    TargetClient,
+    forward_batch,
+    open_hidden_state_source,
+)
+from dfp_shared.hidden_states.client import resolve, split_host_port
+from dfp_shared.hidden_states.wire import (
+    SequenceAssembler,
+    decode_chunk,
+    pack_tokens,
+    tensor_chunks,
+    unpack_tokens,
+)
 from dfp_shared.rpc import target_pb2 as pb
-from dfp_shared.target_client import TargetClient, open_hidden_state_source, resolve, split_host_port
-from dfp_shared.target_local import InProcessTarget
-from dfp_shared.target_wire import SequenceAssembler, decode_chunk, pack_tokens, tensor_chunks, unpack_tokens
 
 from .support import close_enough, random_sequences, run
 

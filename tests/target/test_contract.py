@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import grpc
 import torch
-from dfp_shared.rpc import target_pb2 as pb
-from dfp_shared.rpc import target_pb2_grpc
-from dfp_shared.target_client import TargetClient, info_from_message
-from dfp_shared.target_wire import (
+from dfp_shared.hidden_states import TargetClient, info_from_message
+from dfp_shared.hidden_states.wire import (
     HIDDEN_STATES_METHOD,
     MODEL_INFO_METHOD,
     SERVICE,
     TARGET_SERVICE,
     pack_tokens,
 )
+from dfp_shared.rpc import target_pb2 as pb
+from dfp_shared.rpc import target_pb2_grpc
 
 from .support import random_sequences, run
 

@@ -9,9 +9,8 @@ import threading
 
 import pytest
 import torch
-from dfp_shared.hidden_states import capture_layers, decoder_of, forward_batch
-from dfp_shared.target_client import TargetClient
-from dfp_shared.target_local import InProcessTarget
+from dfp_shared.hidden_states import InProcessTarget, TargetClient, forward_batch
+from dfp_shared.hidden_states.forward import capture_layers, decoder_of
 
 from .support import close_enough, hf_reference, random_sequences, run
 

@@ -13,9 +13,7 @@ import threading
 import urllib.request
 
 import grpc
-from dfp_shared.hidden_states import forward_batch
-from dfp_shared.target_client import TargetClient
-from dfp_shared.target_wire import SERVICE
+from dfp_shared.hidden_states import SERVICE, TargetClient, forward_batch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 

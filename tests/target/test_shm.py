@@ -8,9 +8,7 @@ import sys
 import threading
 
 import torch
-from dfp_shared import shm_transport
-from dfp_shared.hidden_states import forward_batch
-from dfp_shared.target_client import TargetClient
+from dfp_shared.hidden_states import TargetClient, forward_batch, shm_transport
 
 from tests.support.cli import cli_env
 
@@ -74,7 +72,7 @@ def test_client_killed_mid_transfer_leaves_no_segment(qwen3_model, tiny_qwen3_di
 
 
 def test_sweep_removes_only_dead_owners(shm_dir):
-    code = ("import sys, os, signal; from dfp_shared.shm_transport import ShmPool; p = ShmPool(sys.argv[1]); "
+    code = ("import sys, os, signal; from dfp_shared.hidden_states.shm_transport import ShmPool; p = ShmPool(sys.argv[1]); "
             "p.acquire(1000); p.acquire(5 << 20); print(p.owner, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
     proc = subprocess.run([sys.executable, "-c", code, str(shm_dir)], env=cli_env(), capture_output=True, text=True,
                           timeout=60)

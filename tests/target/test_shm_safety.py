@@ -10,10 +10,9 @@ import subprocess
 import grpc
 import pytest
 import torch
-from dfp_shared import shm_transport
+from dfp_shared.hidden_states import TargetClient, shm_transport
+from dfp_shared.hidden_states.wire import HIDDEN_STATES_METHOD
 from dfp_shared.rpc import target_pb2 as pb
-from dfp_shared.target_client import TargetClient
-from dfp_shared.target_wire import HIDDEN_STATES_METHOD
 
 from tests.support.cli import cli_cmd, cli_env
 

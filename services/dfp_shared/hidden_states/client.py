@@ -10,7 +10,7 @@
 - zero-copy decode: each sequence's chunks land in one preallocated bytearray that
   ``torch.frombuffer`` views;
 - same-node fast path (``shm_dir``): the tensors come through a shared-memory segment this client
-  owns (see :mod:`dfp_shared.shm_transport`).
+  owns (see :mod:`dfp_shared.hidden_states.shm_transport`).
 """
 
 from __future__ import annotations
@@ -26,25 +26,16 @@ import uuid
 import grpc
 import torch
 
-from .hidden_states import HiddenStateSource, InvalidInput, ModelInfo, SourceUnavailable
-from .rpc import target_pb2 as pb
-from .target_wire import HIDDEN_STATES_METHOD, MODEL_INFO_METHOD, SequenceAssembler, decode_chunk, pack_tokens
+from ..rpc import target_pb2 as pb
+from .contract import HiddenStateSource, InvalidInput, ModelInfo, SourceUnavailable
+from .model_info import channel_options, info_from_message
+from .packing import plan_requests
 from .tensor_codec import to_dtype
+from .wire import HIDDEN_STATES_METHOD, MODEL_INFO_METHOD, SequenceAssembler, decode_chunk, pack_tokens
 
 log = logging.getLogger(__name__)
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
-
-
-def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    return [("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.http2.max_frame_size", 16777215),
-            ("grpc.enable_retries", 0),
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-            ("grpc.use_local_subchannel_pool", 1)]
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -82,12 +73,21 @@ def resolve(addresses: str | list[str]) -> list[str]:
     return out
 
 
-def info_from_message(msg: pb.ModelInfo) -> ModelInfo:
-    return ModelInfo(model_id=msg.model_id, fingerprint=msg.fingerprint, num_layers=msg.num_layers,
-                     hidden_size=msg.hidden_size, vocab_size=msg.vocab_size, dtype=msg.dtype,
-                     layer_ids=list(msg.layer_ids), max_tokens_per_request=msg.max_tokens_per_request,
-                     tokenizer_fingerprint=msg.tokenizer_fingerprint, max_sequence_length=msg.max_sequence_length,
-                     max_message_bytes=msg.max_message_bytes)
+class Backoff:
+    """Exponential retry delays from ``initial_s`` up to ``max_s``, for ``deadline_s`` seconds from its creation."""
+
+    def __init__(self, deadline_s: float, initial_s: float, max_s: float):
+        self._deadline = time.monotonic() + deadline_s
+        self._delay, self._max_s = initial_s, max_s
+
+    def expired(self) -> bool:
+        return time.monotonic() > self._deadline
+
+    def next_delay(self, jitter: bool = False) -> float:
+        """The next delay (with jitter: between half and one and a half of it); doubles the one after."""
+        delay = self._delay * (0.5 + random.random()) if jitter else self._delay
+        self._delay = min(self._delay * 2, self._max_s)
+        return delay
 
 
 class TargetClient:
@@ -98,9 +98,7 @@ class TargetClient:
         self.addresses = addresses
         self.channels_per_replica = channels_per_replica
         self.tokens_per_call = tokens_per_call
-        self.retry_deadline_s = retry_deadline_s
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
+        self._retry = (retry_deadline_s, backoff_initial_s, backoff_max_s)  # a Backoff's arguments
         self.max_message_bytes = max_message_bytes
         self.timeout_s = timeout_s
         self.resolve_every_s = resolve_every_s
@@ -126,8 +124,7 @@ class TargetClient:
             return self._info
 
     def _fetch_info(self) -> ModelInfo:
-        deadline = time.monotonic() + self.retry_deadline_s
-        delay = self.backoff_initial_s
+        backoff = Backoff(*self._retry)
         while True:
             errors = []
             for target in self.replicas:
@@ -138,10 +135,9 @@ class TargetClient:
                         return info_from_message(call(pb.ModelInfoRequest(), timeout=10))
                     except grpc.RpcError as exc:
                         errors.append(f"{target}: {exc.code().name} {exc.details()}")
-            if time.monotonic() > deadline:
+            if backoff.expired():
                 raise SourceUnavailable("target unreachable: " + "; ".join(errors))
-            time.sleep(delay)
-            delay = min(delay * 2, self.backoff_max_s)
+            time.sleep(backoff.next_delay())
             self._maybe_resolve(force=True)
 
     # ------------------------------------------------------------------ channels
@@ -187,15 +183,7 @@ class TargetClient:
             return []
         self._next_stub()  # binds channels and the semaphore to this loop
         budget = min(self.tokens_per_call, info.max_tokens_per_request or self.tokens_per_call)
-        lengths = [int(s.numel()) for s in sequences]
-        groups, current, used = [], [], 0
-        for i, n in enumerate(lengths):  # calls of at most `budget` tokens, in order
-            if current and used + n > budget:
-                groups.append(current)
-                current, used = [], 0
-            current.append(i)
-            used += n
-        groups.append(current)
+        groups = plan_requests([int(s.numel()) for s in sequences], budget)
         parts = await asyncio.gather(*(self._limited(sequences, g, list(layer_ids or info.layer_ids), info)
                                        for g in groups))
         out: list[torch.Tensor | None] = [None] * len(sequences)
@@ -211,8 +199,7 @@ class TargetClient:
     async def _call(self, pending: dict[int, torch.Tensor], order: list[int], layer_ids: list[int],
                     info: ModelInfo) -> list[torch.Tensor]:
         results: dict[int, torch.Tensor] = {}
-        deadline = time.monotonic() + self.retry_deadline_s
-        delay = self.backoff_initial_s
+        backoff = Backoff(*self._retry)
         pool = self._shm_pool()
         itemsize = to_dtype(info.dtype).itemsize
         while pending:
@@ -238,13 +225,12 @@ class TargetClient:
                         self._shm_dir, pool = None, None
                         continue
                     raise InvalidInput(exc.details()) from None
-                if code not in RETRYABLE or time.monotonic() > deadline:
+                if code not in RETRYABLE or backoff.expired():
                     raise SourceUnavailable(f"target {target}: {code.name} {exc.details()}") from None
                 self.stats["retries"] += 1
                 log.warning("target call to %s failed (%s: %s), retrying %d sequences", target, code.name,
                             exc.details(), len(pending))
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, self.backoff_max_s)
+                await asyncio.sleep(backoff.next_delay(jitter=True))
                 self._maybe_resolve()
             finally:
                 if segment is not None and pool is not None:
@@ -285,7 +271,7 @@ def open_hidden_state_source(target_url: str, model_dir: str | None = None, **kw
     if target_url.strip().lower() == "inprocess":
         if not model_dir:
             raise ValueError("an in-process target needs the model directory")
-        from .target_local import InProcessTarget
+        from .local import InProcessTarget
 
         return InProcessTarget(model_dir, **kwargs)
     return TargetClient(target_url, **kwargs)

@@ -8,55 +8,21 @@ single machine trains without the target service. The forward runs on one dedica
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from .hidden_states import ModelInfo, forward_batch, plan_batches, resolve_layers, validate_sequences
-from .models import load_causal_lm, local_model_dir, model_fingerprint, text_config
-from .tensor_codec import dtype_name
+from ..models import load_causal_lm, local_model_dir
+from .contract import ModelInfo, resolve_layers, validate_sequences
+from .forward import forward_batch
+from .model_info import build_model_info
+from .packing import plan_batches
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TOKEN_BUDGET = 16384
-
-
-def build_model_info(model, model_dir: str | Path, *, model_id: str | None = None, layer_ids: list[int] | None = None,
-                     max_tokens_per_request: int = 65536, max_message_bytes: int = 0) -> ModelInfo:
-    """Describe a loaded model: the served layers default to every decoder layer."""
-    cfg = text_config(model.config)
-    num_layers = int(cfg.num_hidden_layers)
-    served = sorted(set(layer_ids)) if layer_ids else list(range(num_layers))
-    bad = [i for i in served if not 0 <= i < num_layers]
-    if bad:
-        raise ValueError(f"layer ids {bad} do not exist in a model with {num_layers} layers")
-    path = Path(model_dir)
-    return ModelInfo(
-        model_id=model_id or path.name,
-        fingerprint=model_fingerprint(path),
-        num_layers=num_layers,
-        hidden_size=int(cfg.hidden_size),
-        vocab_size=int(cfg.vocab_size),
-        dtype=dtype_name(next(model.parameters()).dtype),
-        layer_ids=served,
-        max_tokens_per_request=max_tokens_per_request,
-        tokenizer_fingerprint=_tokenizer_fingerprint(str(path.resolve())),
-        max_sequence_length=int(getattr(cfg, "max_position_embeddings", 0) or 0),
-        max_message_bytes=max_message_bytes,
-    )
-
-
-@functools.lru_cache(maxsize=16)
-def _tokenizer_fingerprint(path: str) -> str:
-    """Fingerprint of the tokenizer saved beside the checkpoint ("" when there is none)."""
-    if not (Path(path) / "tokenizer.json").exists() and not (Path(path) / "tokenizer_config.json").exists():
-        return ""
-    from .tokenizer_assets import load_tokenizer, tokenizer_fingerprint
-
-    return tokenizer_fingerprint(load_tokenizer(path))
 
 
 class InProcessTarget:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .rpc import target_pb2 as pb
+from ..rpc import target_pb2 as pb
 from .tensor_codec import CodecError, decode_tensor, dtype_name, tensor_bytes
 
 # Names come from the descriptor generated from protos/target.proto, so server, client, health and

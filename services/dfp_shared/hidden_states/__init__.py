@@ -1,0 +1,36 @@
+"""Hidden states of a frozen target model: the contract, its two sources, and the target service's wire.
+
+The trainer asks a :class:`HiddenStateSource` (``open_hidden_state_source``: the in-process
+target or a client of the target service); the target service runs :func:`forward_batch` behind
+the same wire. Tests may import the submodules; services import from here.
+"""
+
+from .client import TargetClient, open_hidden_state_source
+from .contract import (
+    HiddenStateSource,
+    InvalidInput,
+    ModelInfo,
+    SourceUnavailable,
+    resolve_layers,
+    validate_sequences,
+)
+from .forward import forward_batch
+from .local import InProcessTarget
+from .model_info import build_model_info, channel_options, info_from_message, info_to_message, server_options
+from .packing import pad_batch, padded_batches, plan_batches, plan_requests
+from .shm_transport import HEADER_BYTES as SHM_HEADER_BYTES
+from .shm_transport import PrivateDir, SegmentCache, ShmError
+from .tensor_codec import CodecError, dtype_name, to_dtype
+from .wire import HIDDEN_STATES, MODEL_INFO, SERVICE, encode_chunk, tensor_chunks, unpack_tokens
+
+__all__ = [
+    # the contract and its sources
+    "HiddenStateSource", "InProcessTarget", "InvalidInput", "ModelInfo", "SourceUnavailable", "TargetClient",
+    "open_hidden_state_source", "resolve_layers", "validate_sequences",
+    # the forward pass, batching and the model's description
+    "build_model_info", "forward_batch", "pad_batch", "padded_batches", "plan_batches", "plan_requests",
+    # the target service's side of the wire
+    "CodecError", "HIDDEN_STATES", "MODEL_INFO", "PrivateDir", "SERVICE", "SHM_HEADER_BYTES", "SegmentCache",
+    "ShmError", "channel_options", "dtype_name", "encode_chunk", "info_from_message", "info_to_message",
+    "server_options", "tensor_chunks", "to_dtype", "unpack_tokens",
+]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -11,6 +11,8 @@ from ._common import StorageUri
 from ._names import endpoint_name, refuse_removed
 
 LayerType = Literal["full_attention", "sliding_attention"]
+"""The draft layers' attention kinds: the one list of their names (others read it with ``typing.get_args``)."""
+FULL, SLIDING = get_args(LayerType)
 TargetEndpointName = endpoint_name("hidden-state target")
 LayerId = Annotated[int, Field(ge=0, le=1023)]
 
@@ -19,6 +21,15 @@ LayerId = Annotated[int, Field(ge=0, le=1023)]
 MAX_STEPS = 99_999_999
 MAX_LAYERS = 64
 MAX_SEQ_TOKENS = 1 << 20
+
+
+def _shown(n: int | float) -> str:
+    return f"2^{int(n).bit_length() - 1}" if isinstance(n, int) and n > 1 << 16 and not n & (n - 1) else str(n)
+
+
+def _within(default: Any, low: int | float, high: int | float, text: str, **extra: Any) -> Any:
+    """A field bounded to low..high (inclusive) whose description states that range where ``text`` has ``{}``."""
+    return Field(default, ge=low, le=high, description=text.format(f"{_shown(low)}..{_shown(high)}"), **extra)
 
 
 class TrainSpec(BaseModel):
@@ -30,42 +41,37 @@ class TrainSpec(BaseModel):
         None, description="Prefix for checkpoints, the drafter export and the eval report; unset: a prefix of the job's own under the storage "
                           "root (<root>/jobs/<job id>/). It must be new or created by the same principal.")
 
-    steps: int | None = Field(None, ge=1, le=MAX_STEPS,
-                              description="Optimiser steps to train (1..99999999); unset: `epochs` passes over the data.")
+    steps: int | None = _within(None, 1, MAX_STEPS, "Optimiser steps to train ({}); unset: `epochs` passes over the data.")
     epochs: float = Field(3.0, gt=0, le=1000, description="Passes over the dataset when `steps` is unset (at most 1000).")
-    tokens_per_batch: int = Field(16384, ge=16, le=1 << 24,
-                                  description="Padded tokens per optimiser step, all ranks together (16..2^24).")
-    max_length: int = Field(3072, ge=8, le=MAX_SEQ_TOKENS,
-                            description="Samples longer than this many tokens are cut to it (8..2^20).")
-    grad_accum: int = Field(1, ge=1, le=1024, description="Micro-batches per rank per optimiser step (1..1024).")
+    tokens_per_batch: int = _within(16384, 16, 1 << 24, "Padded tokens per optimiser step, all ranks together ({}).")
+    max_length: int = _within(3072, 8, MAX_SEQ_TOKENS, "Samples longer than this many tokens are cut to it ({}).")
+    grad_accum: int = _within(1, 1, 1024, "Micro-batches per rank per optimiser step ({}).")
     lr: float = Field(6e-4, gt=0, le=10, description="Peak learning rate (AdamW), at most 10.")
     warmup_ratio: float = Field(0.04, ge=0, lt=1, description="Share of the steps with linear learning-rate warmup.")
     decay: Literal["cosine", "linear", "constant"] = Field("cosine", description="Learning-rate decay after warmup.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final learning rate as a share of the peak.")
-    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay (0..10).")
+    weight_decay: float = _within(0.0, 0, 10, "AdamW weight decay ({}).")
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="Global gradient-norm clip (at most 10^6).")
     seed: int = Field(0, ge=0, lt=1 << 63,
                       description="Seed of initialisation, shuffling, anchor sampling and noise (0..2^63-1).")
-    num_draft_layers: int = Field(5, ge=1, le=MAX_LAYERS,
-                                  description="Draft decoder layers (one target layer feeds each), 1..64.")
-    block_size: int = Field(16, ge=2, le=64, description="Tokens per draft block (anchor + block_size-1 masks), 2..64.")
+    num_draft_layers: int = _within(5, 1, MAX_LAYERS, "Draft decoder layers (one target layer feeds each), {}.")
+    block_size: int = _within(16, 2, 64, "Tokens per draft block (anchor + block_size-1 masks), {}.")
     layer_types: list[LayerType] | None = Field(
-        None, max_length=MAX_LAYERS, description="Attention of each draft layer, one entry per layer (`full_attention` or "
-                          "`sliding_attention`); unset: all full attention.")
-    sliding_window: int | None = Field(
-        None, ge=1, le=MAX_SEQ_TOKENS, validate_default=True,
-        description="Window in tokens of the `sliding_attention` layers, 1..2^20 (required when there is one).")
+        None, max_length=MAX_LAYERS, description=f"Attention of each draft layer, one entry per layer (`{FULL}` or "
+                                                 f"`{SLIDING}`); unset: all full attention.")
+    sliding_window: int | None = _within(None, 1, MAX_SEQ_TOKENS, f"Window in tokens of the `{SLIDING}` layers, {{}} "
+                                         "(required when there is one).", validate_default=True)
     mask_token: str = Field(MASK_TOKEN, min_length=1, max_length=128, description="Token filling block positions 1..B-1; the "
                                                                   "target's tokenizer must have it.")
     target_layer_ids: list[LayerId] | None = Field(
         None, min_length=1, max_length=MAX_LAYERS,
         description="Target layers read (1..64 indexes, each 0..1023, and below the target's layer count); unset: "
                     "spread over 1..L-3.")
-    max_anchors: int = Field(512, ge=1, le=1 << 16, description="Anchor positions sampled per sequence per step (1..65536).")
+    max_anchors: int = _within(512, 1, 1 << 16, "Anchor positions sampled per sequence per step ({}).")
     gamma: float = Field(7.0, gt=0, le=1e6, description="Decay of the loss weight over block positions, exp(-(k-1)/gamma).")
-    noise_std: float = Field(0.0, ge=0, le=100, description="Std of Gaussian noise added to target features in training (0..100).")
+    noise_std: float = _within(0.0, 0, 100, "Std of Gaussian noise added to target features in training ({}).")
     checkpoint_every: int = Field(500, ge=1, le=MAX_STEPS, description="Steps between checkpoints (one is also written at SIGTERM).")
-    keep_checkpoints: int = Field(3, ge=1, le=1000, description="Most recent checkpoints kept (1..1000).")
+    keep_checkpoints: int = _within(3, 1, 1000, "Most recent checkpoints kept ({}).")
     target_endpoint: TargetEndpointName | None = Field(
         None, description="Name of a hidden-state source the operator configured on the trainers "
                           "(DFLASH_TARGET_ENDPOINTS; `default` is DFLASH_TARGET_URL); unset: `default`. A name, never "
@@ -73,7 +79,7 @@ class TrainSpec(BaseModel):
     eval_prompts: int = Field(8, ge=0, le=100_000, description="Held-out samples (not trained on): their prompts measure acceptance "
                                                    "length τ, and the samples held-out loss and accuracy, trained vs "
                                                    "untrained drafter (0: skip; at most 100000).")
-    eval_max_new_tokens: int = Field(64, ge=1, le=1 << 16, description="Tokens generated per evaluation prompt (1..65536).")
+    eval_max_new_tokens: int = _within(64, 1, 1 << 16, "Tokens generated per evaluation prompt ({}).")
     enable_thinking: bool = Field(True, description="Thinking mode the drafter serves in; must match the mode the "
                                                     "dataset was tokenized in (its manifest's `thinking`).")
 
@@ -94,9 +100,9 @@ class TrainSpec(BaseModel):
     @field_validator("sliding_window")
     @classmethod
     def _window_needed(cls, value: int | None, info: ValidationInfo) -> int | None:
-        sliding = "sliding_attention" in (info.data.get("layer_types") or [])
+        sliding = SLIDING in (info.data.get("layer_types") or [])
         if sliding and value is None:
-            raise ValueError("is required: layer_types has sliding_attention layers")
+            raise ValueError(f"is required: layer_types has {SLIDING} layers")
         if value is not None and not sliding and "layer_types" in info.data:
-            raise ValueError("is set but no draft layer is sliding_attention (see layer_types)")
+            raise ValueError(f"is set but no draft layer is {SLIDING} (see layer_types)")
         return value

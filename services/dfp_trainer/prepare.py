@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from dfp_shared.hidden_states import open_hidden_state_source
 from dfp_shared.models import local_model_dir, model_fingerprint
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.hidden_states import open_hidden_state_source
 from dfp_shared.tokenizer_assets import chat_template_fingerprint, load_tokenizer, tokenizer_fingerprint
 
 from .data import load_training_data, trainable_samples

@@ -37,7 +37,7 @@ from dfp_shared.hidden_states.shm_transport import HEADER_BYTES, ShmPool
 from dfp_shared.token_shards import TokenDataset
 from dfp_target.server import TargetServer
 from dfp_target.settings import TargetSettings
-from dfp_trainer.data import collate
+from dfp_trainer.data import Batch, collate
 from dfp_trainer.model import DFlashDrafter, DrafterConfig
 from dfp_trainer.objective import dflash_loss
 from dfp_trainer.stages import DeviceCopier, Pipeline, fetch_hidden
@@ -307,14 +307,13 @@ def target_forward(model, model_dir: Path, shape: Shape, device: torch.device, p
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "layers_computed": max(ids) + 1}
 
 
-def step_inputs(shape: Shape, device: torch.device) -> dict:
+def step_inputs(shape: Shape, device: torch.device) -> Batch:
     g = torch.Generator().manual_seed(2)
     width = len(layer_ids(shape)) * shape.hidden
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"input_ids": torch.randint(2, shape.vocab - 2, (1, shape.tokens), generator=g, dtype=torch.int32),
-            "loss_mask": torch.ones(1, shape.tokens, dtype=torch.uint8),
-            "target_hidden": torch.randn(1, shape.tokens, width, generator=g).to(dtype),
-            "lengths": torch.tensor([shape.tokens])}
+    return Batch(input_ids=torch.randint(2, shape.vocab - 2, (1, shape.tokens), generator=g, dtype=torch.int32),
+                 loss_mask=torch.ones(1, shape.tokens, dtype=torch.uint8), lengths=torch.tensor([shape.tokens]),
+                 target_hidden=torch.randn(1, shape.tokens, width, generator=g).to(dtype))
 
 
 def make_optimizer(drafter):
@@ -322,15 +321,15 @@ def make_optimizer(drafter):
     return params, torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
 
 
-def train_step(drafter, params, optim, t: dict, shape: Shape, step: int, backend: str = "auto",
+def train_step(drafter, params, optim, t: Batch, shape: Shape, step: int, backend: str = "auto",
                autocast: bool = False, forward_only: bool = False) -> dict:
     """One optimiser step as the trainer takes it: the DFlash loss, backward, clip 1.0, AdamW."""
     gen = torch.Generator().manual_seed(step)
-    ctx = (torch.autocast(t["input_ids"].device.type, dtype=torch.bfloat16) if autocast
+    ctx = (torch.autocast(t.input_ids.device.type, dtype=torch.bfloat16) if autocast
            else contextlib.nullcontext())
     with ctx:
-        loss, metrics = dflash_loss(drafter, t["input_ids"], t["loss_mask"], t["target_hidden"], t["lengths"],
-                                    max_anchors=shape.anchors, gamma=7.0, generator=gen, attention_backend=backend)
+        loss, metrics = dflash_loss(drafter, t, max_anchors=shape.anchors, gamma=7.0, generator=gen,
+                                    attention_backend=backend)
     if forward_only:
         return metrics
     loss.backward()
@@ -344,7 +343,7 @@ def drafter_step(target, shape: Shape, device: torch.device, peak_tflops: float)
     """The drafter's training step alone (inputs already on the device): SDPA, flex, SDPA under bf16 autocast."""
     drafter = build_drafter(shape, target, device)
     params, optim = make_optimizer(drafter)
-    t = {k: v.to(device) for k, v in step_inputs(shape, device).items()}
+    t = step_inputs(shape, device).to(device)
     flop = drafter_step_flop(shape)
     out = {"tflop_per_sample": flop / 1e12, "parameters": sum(p.numel() for p in params),
            "parameter_dtype": str(params[0].dtype).replace("torch.", "")}
@@ -396,8 +395,7 @@ def pipeline(source, target, shape: Shape, device: torch.device, target_rate: fl
 
     async def fetch(batch):
         hidden = await fetch_hidden(source, batch.sequences(), ids, None, pin=pin)
-        return {"input_ids": batch.input_ids, "loss_mask": batch.loss_mask, "lengths": batch.lengths,
-                "target_hidden": hidden}
+        return dataclasses.replace(batch, target_hidden=hidden)
 
     copier = DeviceCopier(device)
 
@@ -522,10 +520,12 @@ def transfer(shape: Shape, device: torch.device, shm_dir: str) -> dict:
         staged = torch.zeros(1, shape.tokens, width, dtype=dtype, pin_memory=pin)
         legs["shm_to_pinned_host"] = timed(lambda v=view: staged[0].copy_(v), device, repeats)
         copier = DeviceCopier(device)
+        empty_ids, empty_mask = torch.zeros(1, 0, dtype=torch.int32), torch.zeros(1, 0, dtype=torch.uint8)
+        empty_lengths = torch.zeros(1, dtype=torch.int64)
 
         def h2d(src):
             def run():
-                moved, event = copier({"h": src})
+                moved, event = copier(Batch(empty_ids, empty_mask, empty_lengths, target_hidden=src))
                 DeviceCopier.wait(event, moved)
             return run
 

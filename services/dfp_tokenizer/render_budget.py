@@ -96,6 +96,8 @@ class Watchdog:
                 self._disarm(tid, entry)
         except BudgetExceeded:
             self._disarm(tid, entry)
+            if not entry.fired:  # refused by the sandbox before it ran (see template_sandbox): its own reason
+                raise
             if entry.cause is not None:
                 raise entry.cause from None
             raise BudgetExceeded(entry.reason or "render stopped") from None

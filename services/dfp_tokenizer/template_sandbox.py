@@ -355,7 +355,8 @@ class SizedSandbox:
         return value
 
     def sized_parts(self, parts: tuple) -> tuple:
-        check("'~' (concatenation)", sum(len(p) if isinstance(p, str) else weight(p, self.size_cap) for p in parts),
+        """``a ~ b``: what it prints of values that are not strings (strings only add up, as with ``+``)."""
+        check("'~' (concatenation)", sum(weight(p, self.size_cap) for p in parts if not isinstance(p, str)),
               self.size_cap)
         return parts
 

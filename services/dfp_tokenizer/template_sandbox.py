@@ -1,17 +1,14 @@
 """Single template operations that would build an oversized result, refused before they run.
 
-The watchdog (:mod:`.render_budget`) stops a render between two bytecodes, never inside one
-C-level operation: ``'a' * 10**9``, ``7 ** 10**8``, ``'x'.ljust(10**9)``, ``'%*s' % (10**9, '')``,
-a width in a format spec or filter, or printing a list that holds one long string a million
-times each build their whole result in one step. :func:`sized_copy` gives the chat-template
-environment checks, made from the operands alone, that refuse with :class:`~.render_budget.BudgetExceeded`
-(naming the operation; the record is a ``template_budget`` bad line) any such result over ``size_cap``
-characters (items, for ``*`` on lists; integers over :data:`MAX_INT_BITS` bits). They cover ``*``,
-``**`` and ``%``; the str methods that lengthen (``ljust`` ``rjust`` ``center`` ``zfill``
-``expandtabs`` ``replace`` ``join`` ``translate``, ``format``/``format_map``); the filters with a
-width, count or joiner (``center`` ``indent`` ``format`` ``replace`` ``wordwrap`` ``join`` ``batch``
-``sum`` ``tojson``); and every place a value is printed whole (``{{ }}``, ``~``, the text filters,
-the rendered text itself), where a container is measured as it prints, shared parts counted each time.
+The watchdog (:mod:`.render_budget`) stops a render between bytecodes, never inside one C-level
+operation (``'a' * 10**9``, ``7 ** 10**8``, ``'x'.ljust(10**9)``, ``'%*s' % (10**9, '')``, a width
+in a format spec or filter, printing a list that holds one long string a million times).
+:func:`sized_copy` checks each such operation from its operands and raises
+:class:`~.render_budget.BudgetExceeded` naming it (a ``template_budget`` bad line) if its result
+would be over ``size_cap`` characters (items for lists, :data:`MAX_INT_BITS` for integers): ``*``
+``**`` ``%``, the str methods and filters that lengthen, and every place a value is printed whole
+(``{{ }}``, ``~``, text filters, ``raise_exception``, the rendered text), a container measured as it
+prints. Strings joined by ``+`` or ``~`` only add up what is held: that growth is the watchdog's.
 """
 
 from __future__ import annotations
@@ -382,4 +379,12 @@ def sized_copy(env, cap: int):
     new.finalize = new.sized_output
     new.filters = {**env.filters, **{name: _sized_filter(name, env.filters[name])
                                      for name in _FILTER_CHECKS.keys() | _PRINTING_FILTERS if name in env.filters}}
+    raise_exception = env.globals.get("raise_exception")
+    if raise_exception is not None:  # its message is printed when the record's error is written
+
+        def sized_raise_exception(message):
+            check_printed("raise_exception", message, cap)
+            return raise_exception(message)
+
+        new.globals = {**env.globals, "raise_exception": sized_raise_exception}
     return new

@@ -81,6 +81,7 @@ BOMBS = [
     (SHARED + "{{ ns.l|trim }}", "the trim filter"),
     (TREE + "{{ ns.l|tojson }}", "the tojson filter"),
     (TREE + "{{ [ns.l]|join }}", "the join filter"),
+    (TREE + "{{ raise_exception(ns.l) }}", "raise_exception"),
     # the rendered text, a macro's, a set block's: one string repeated
     ("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{{ s }}{% endfor %}", "joining the rendered text"),
     ("{% macro m(s) %}{% for i in range(100000) %}{{ s }}{% endfor %}{% endmacro %}{{ m('x' * 1000000)|length }}",

@@ -10,7 +10,9 @@ thread per process samples the resident memory every ``TICK_S`` and raises
 deadline passes or the memory grows past the budget, and re-raises whatever ``check`` raised
 (``TaskCancelled``, ``WorkerAborted``) when it stops. Rendering is Python bytecode (Jinja compiles
 to Python), so the exception lands within a few bytecodes; nothing in between can catch it
-(:class:`BudgetExceeded` is a ``BaseException``, and templates have no ``try``).
+(:class:`BudgetExceeded` is a ``BaseException``, and templates have no ``try``). One C-level
+operation cannot be interrupted: :mod:`.template_sandbox` refuses those that would be too large
+before they run, raising :class:`BudgetExceeded` itself, which passes with its own reason.
 
 Costs nothing measurable per render: a dictionary entry under a lock; the thread wakes every
 ``TICK_S`` and reads ``/proc/self/statm``. One exception per registration, never after it ends.
@@ -96,6 +98,8 @@ class Watchdog:
                 self._disarm(tid, entry)
         except BudgetExceeded:
             self._disarm(tid, entry)
+            if not entry.fired:  # raised by the render itself: its own reason
+                raise
             if entry.cause is not None:
                 raise entry.cause from None
             raise BudgetExceeded(entry.reason or "render stopped") from None

@@ -32,7 +32,9 @@ import json
 import re
 from dataclasses import dataclass
 
-from .records import TEMPLATE_ALIGNMENT, TEMPLATE_BUDGET, TEMPLATE_ERROR, SampleError, short_detail
+from .limits import EncodeLimits
+from .records import TEMPLATE_ALIGNMENT, TEMPLATE_ERROR, SampleError, short_detail
+from .template_sandbox import sized_copy
 
 MARKER_CHARS = [("\ue000", "\ue001"), ("\uf8f0", "\uf8f1"), ("\U000f0000", "\U000f0001")]
 PROBE = "\ue002probe\ue003"
@@ -63,16 +65,17 @@ class Message(dict):
             raise AttributeError(name) from None
 
 
-def _compile(template: str):
-    """The template in transformers' own sandboxed Jinja environment (a private copy of it), with the
-    sandbox's attribute check memoised: jinja's immutable sandbox decides from the object's type and
-    the attribute name only, never from the value."""
+def _compile(template: str, max_chars: int | None = None):
+    """The template in a private copy of transformers' sandboxed Jinja environment that refuses any single
+    operation making more than ``max_chars`` characters, the rendered text included (see
+    :mod:`.template_sandbox`), with the sandbox's attribute check memoised: jinja's immutable sandbox
+    decides from the object's type and the attribute name only, never from the value."""
     try:
         from transformers.utils.chat_template_utils import _cached_compile_jinja_template as compile_
     except ImportError:  # pragma: no cover - older transformers
         from transformers.utils.chat_template_utils import _compile_jinja_template as compile_
-    compiled = compile_(template)
-    env = compiled.environment
+    # the template is compiled by the checked copy only: compiling folds constant expressions
+    env = sized_copy(compile_("").environment, max_chars or EncodeLimits().max_rendered_chars)
     check = env.is_safe_attribute
     memo: dict[tuple[type, str], bool] = {}
 
@@ -84,7 +87,7 @@ def _compile(template: str):
         return safe
 
     env.is_safe_attribute = is_safe_attribute
-    return compiled
+    return env.from_string(template)
 
 
 def _candidates(value: str) -> list[str]:
@@ -103,8 +106,7 @@ class TemplateLocator:
                  thinking: bool = True, template_kwargs: dict | None = None, max_chars: int | None = None):
         if not template:
             raise ValueError("the tokenizer has no chat template (set the job's chat_template)")
-        self.max_chars = max_chars
-        self.compiled = _compile(template)
+        self.compiled = _compile(template, max_chars)
         self.variables = {**special_tokens, **(template_kwargs or {}), "enable_thinking": thinking}
         self.thinking = thinking
         self.specials = sorted(set(special_token_texts), key=len, reverse=True)
@@ -170,9 +172,6 @@ class TemplateLocator:
             text = self.render(self.template_messages(messages))
         except Exception as exc:  # noqa: BLE001 - template raise_exception() and friends
             raise SampleError(TEMPLATE_ERROR, f"chat template failed: {short_detail(str(exc))}") from None
-        if self.max_chars is not None and len(text) > self.max_chars:
-            raise SampleError(TEMPLATE_BUDGET, f"chat template rendered {len(text)} characters, over the limit of "
-                                               f"{self.max_chars}")
         tool_names = (True, False) if any(m.get("tool_calls") for m in messages) else (False,)
         for names in tool_names:
             for only_assistant, strict in ((False, True), (True, True), (True, False)):

@@ -75,7 +75,8 @@ def load_settings(settings_cls: type[S], **overrides) -> S:
         for err in exc.errors():
             field = str(err["loc"][0]) if err["loc"] else "?"
             info = settings_cls.model_fields.get(field)
-            flag = field in given and not (info is not None and is_secret(info))
-            source = f"--{field.replace('_', '-')}" if flag else env_name(settings_cls, field)
-            problems.append(f"{source}: {err['msg']} (got {err.get('input')!r})")
+            secret = info is not None and is_secret(info)
+            source = f"--{field.replace('_', '-')}" if field in given and not secret else env_name(settings_cls, field)
+            got = "" if secret else f" (got {err.get('input')!r})"  # a secret's value is never echoed
+            problems.append(f"{source}: {err['msg']}{got}")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

@@ -57,7 +57,7 @@ def train(dataset, target, output, overrides, no_resume, settings: TrainerSettin
     if settings.nproc_per_node > 1:
         raise click.UsageError("trainer train runs one process; use torchrun -m dfp_trainer.run for several")
     from .data import DataError
-    from .train import TrainError
+    from .prepare import TrainError
 
     try:
         result = run_local(spec, settings, stop=install_stop_flag(), resume=not no_resume)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import torch
-from dfp_shared.stop_tokens import stop_token_ids as default_stop_ids  # report.py imports it from here
+from dfp_shared import stop_tokens
 
 from .attention import decode_masks
 from .data import Batch
@@ -146,7 +146,7 @@ def acceptance_length(drafter, target_model, tokenizer, prompts: list[list[dict]
     """Mean tokens emitted per verify step over chat prompts (the acceptance length tau), and details."""
     if not prompts:
         raise ValueError("no evaluation prompts")
-    stops = default_stop_ids(tokenizer) if stop_token_ids is None else list(stop_token_ids)
+    stops = stop_tokens.stop_token_ids(tokenizer) if stop_token_ids is None else list(stop_token_ids)
     ids = (torch.tensor(chat_prompt_ids(tokenizer, messages, enable_thinking), dtype=torch.long) for messages in prompts)
     result = acceptance(drafter, target_model, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
                         layer_ids=layer_ids)

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import torch
 from dfp_shared.models import load_causal_lm
+from dfp_shared.stop_tokens import stop_token_ids
 from dfp_shared.storage import open_store
 
 from . import export
-from .evaluate import acceptance, default_stop_ids
+from .evaluate import acceptance
 from .heldout import evaluate_heldout, initial_weights
 from .settings import scratch_dir
 
@@ -52,7 +53,7 @@ def evaluate_drafters(setup, drafter) -> dict:
     target = getattr(setup.source, "model", None)  # the in-process target is already loaded
     if target is None:
         target = load_causal_lm(str(setup.model_dir), device=str(next(drafter.parameters()).device))
-    kwargs = dict(max_new_tokens=spec.eval_max_new_tokens, stop_token_ids=default_stop_ids(setup.tokenizer),
+    kwargs = dict(max_new_tokens=spec.eval_max_new_tokens, stop_token_ids=stop_token_ids(setup.tokenizer),
                   layer_ids=setup.layer_ids)
     was_training = drafter.training
     drafter.eval()

@@ -33,3 +33,12 @@ def test_cli_help_lists_every_service():
                          env=cli_env(), check=True).stdout
     for name in ("api", "generation", "tokenizer", "target", "trainer", "demo", "submit"):
         assert name in out
+
+
+def test_a_bad_secret_is_named_but_never_echoed(monkeypatch):
+    from dfp_api.settings import ApiSettings
+
+    monkeypatch.setenv("DFLASH_API_KEYS", '[{"name": "ci", "sha256": "not-a-digest-s3cr3t-marker"}]')
+    with pytest.raises(ConfigError, match="DFLASH_API_KEYS") as exc:
+        load_settings(ApiSettings)
+    assert "s3cr3t-marker" not in str(exc.value)

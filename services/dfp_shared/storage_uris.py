@@ -11,6 +11,7 @@ and never a NUL or control character, a backslash, an encoded ``.`` / ``/`` / ``
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from .storage import AccessRefused
 
@@ -18,7 +19,8 @@ MAX_URI_LENGTH = 2048
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _ENCODED = re.compile(r"%(2e|2f|5c|00)", re.IGNORECASE)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_INVISIBLE = {"Cf", "Zl", "Zp"}  # bidi overrides, zero-width characters, line separators
 
 
 def uri_scheme(uri: str) -> str:
@@ -37,7 +39,7 @@ def canonical_uri(uri: str) -> str:
         raise OutsideRoots("empty storage URI")
     if len(uri) > MAX_URI_LENGTH:
         raise OutsideRoots(f"storage URI longer than {MAX_URI_LENGTH} characters")
-    if _CONTROL.search(uri) or "\\" in uri:
+    if _CONTROL.search(uri) or "\\" in uri or any(unicodedata.category(c) in _INVISIBLE for c in uri):
         raise OutsideRoots(f"{uri!r}: control characters and backslashes are not allowed in storage URIs")
     if _ENCODED.search(uri):
         raise OutsideRoots(f"{uri!r}: percent-encoded '.', '/', '\\' or NUL are not allowed")
@@ -63,7 +65,7 @@ def canonical_uri(uri: str) -> str:
         path = uri
     else:
         raise OutsideRoots(f"{uri!r}: a local path must be absolute (or use file:///...)")
-    _check_segments(uri, path.lstrip("/"))
+    _check_segments(uri, path[1:])  # one leading slash: "//x" is an empty segment
     return "file://" + path
 
 

@@ -17,6 +17,8 @@ from dfp_shared.storage_uris import canonical_uri
     "s3://bucket/a/%2e%2e/b", "s3://bucket/a/%2E%2e/b", "file:///data/%2f/x", "s3://bucket/a\\..\\b",
     "s3://bucket/a/../b", "file:///a/./b", "s3://bucket/a//b", "s3://user@bucket/x", "s3://bucket:9000/x",
     "s3://Bucket/x", "http://169.254.169.254/latest", "gs://bucket/x", "s3://bucket/x?versionId=1",
+    "file:////etc/passwd", "//etc/passwd", "s3://bucket/a\u202e/b", "s3://bucket/a\u200b/b", "/data/a\u2028b",
+    "s3://bucket/a\x85b",
 ])
 def test_non_canonical_uris_are_refused(bad):
     with pytest.raises(OutsideRoots):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import click
 from dfp_shared.cli_support import idle_exit_option, with_settings
@@ -10,6 +11,7 @@ from dfp_shared.cli_support import idle_exit_option, with_settings
 from .settings import TokenizerSettings
 
 tokenizer_settings = with_settings(TokenizerSettings, "tokenizer")
+STARTED = time.time()  # the command's start: its start-up is reported apart from the tokenization
 
 
 @click.group(name="tokenizer")
@@ -60,10 +62,10 @@ def run(input_, output, tokenizer, thinking, train_reasoning, train_turns, max_l
                                  truncation=truncation).items() if v is not None}
     try:
         spec.update(json.loads(spec_json) if spec_json else {})
-        rec = run_job(settings, spec)
+        rec, timing = run_job(settings, spec, started=STARTED)
     except (ValueError, ValidationError) as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(json.dumps({"job_id": rec.id, "state": rec.state.value, "error": rec.error, "outputs": rec.outputs,
-                           "counters": rec.counters}, indent=1))
+                           "counters": rec.counters, "timing": timing}, indent=1))
     if rec.state.value != "succeeded":
         raise SystemExit(1)

@@ -80,7 +80,7 @@ class SampleEncoder:
         """Render and locate within the budget; raises :class:`SampleError` (template errors, over
         budget, nothing to train), or what ``check`` raised if it stopped the render."""
         try:
-            text, turns = self._within_budget(self.locator.locate, sample.messages, check=check)
+            text, turns = self._within_budget(self.locator.locate, sample.messages, sample.tools, check=check)
         except BudgetExceeded as exc:
             raise SampleError(R.TEMPLATE_BUDGET, f"chat template {exc}", sample.id) from None
         except SampleError as exc:

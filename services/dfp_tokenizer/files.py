@@ -24,7 +24,16 @@ from dfp_shared.worker import TaskCancelled, TaskReleased
 
 from .encoder import Encoded, Prepared, SampleEncoder
 from .limits import DEFAULT_MAX_LINE_BYTES
-from .records import LINE_TOO_LONG, MALFORMED_JSON, TEMPLATE_ERROR, SampleError, parse_line, short_detail
+from .records import (
+    BLANK_LINE,
+    DUPLICATE_ID,
+    LINE_TOO_LONG,
+    MALFORMED_JSON,
+    TEMPLATE_ERROR,
+    SampleError,
+    parse_line,
+    short_detail,
+)
 
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".ndjson")
 # sample length histogram: bucket i counts lengths in [EDGES[i], EDGES[i+1])
@@ -54,8 +63,9 @@ def read_lines(data: bytes, uri: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYT
     if uri.endswith(".gz") or data[:2] == b"\x1f\x8b":
         yield from _gzip_lines(data, uri, max_line_bytes)
         return
-    pos, n, lineno = 0, len(data), 0
-    while pos <= n:
+    pos, lineno = 0, 0
+    n = len(data) - 1 if data.endswith(b"\n") else len(data)  # a final newline ends the last line, starts none
+    while data and pos <= n:
         end = data.find(b"\n", pos)
         end = n if end < 0 else end
         lineno += 1
@@ -89,13 +99,15 @@ class FileStats:
     tokens: int = 0
     trained_tokens: int = 0
     truncated: int = 0
+    duplicate_ids: int = 0
+    """Lines kept although an earlier line of the file has their sample id."""
     errors: Counter = field(default_factory=Counter)
     histogram: list[int] = field(default_factory=lambda: [0] * (len(HIST_EDGES) - 1))
     max_length: int = 0
 
     def to_dict(self) -> dict:
         return {"lines": self.lines, "samples": self.samples, "tokens": self.tokens,
-                "trained_tokens": self.trained_tokens, "truncated": self.truncated,
+                "trained_tokens": self.trained_tokens, "truncated": self.truncated, "duplicate_ids": self.duplicate_ids,
                 "bad_lines": sum(self.errors.values()), "errors": dict(self.errors),
                 "length_histogram": self.histogram, "max_length": self.max_length}
 
@@ -127,10 +139,24 @@ def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder,
     batch_lines: list[int] = []
     batch_chars = 0
 
-    def bad(lineno: int, exc: SampleError) -> None:
-        stats.errors[exc.reason] += 1
+    seen_ids: set[str] = set()
+
+    def bad(lineno: int, exc: SampleError, kept: bool = False) -> None:
+        if not kept:
+            stats.errors[exc.reason] += 1
         errors.append({"file": uri, "line": lineno, "reason": exc.reason, "detail": short_detail(exc.detail),
-                       **({"id": exc.sample_id[:ID_CHARS]} if exc.sample_id else {})})
+                       **({"id": exc.sample_id[:ID_CHARS]} if exc.sample_id else {}), **({"kept": True} if kept else {})})
+
+    def unique(lineno: int, sample) -> None:
+        """Report a sample id seen before in this file; raise to drop the line when the spec asks."""
+        if sample.id not in seen_ids:
+            seen_ids.add(sample.id)
+            return
+        dup = SampleError(DUPLICATE_ID, "an earlier line of this file has the same sample id", sample.id)
+        if encoder.spec.duplicate_ids == "drop":
+            raise dup
+        stats.duplicate_ids += 1
+        bad(lineno, dup, kept=True)
 
     def flush() -> None:
         nonlocal batch_chars
@@ -160,12 +186,14 @@ def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder,
             stats.lines += 1
             bad(lineno, SampleError(LINE_TOO_LONG, f"line longer than the limit of {max_line} bytes"))
             continue
-        if not line.strip():
-            continue
         stats.lines += 1
+        if not line.strip():
+            bad(lineno, SampleError(BLANK_LINE, "blank line"))
+            continue
         sample = None
         try:
             sample = parse_line(line, f"{id_prefix}:{lineno}")
+            unique(lineno, sample)
             batch.append(encoder.prepare(sample, check=check))
             batch_lines.append(lineno)
             batch_chars += len(batch[-1].text)

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import time
+
 from dfp_shared.jobs import JobRecord, JobStore
 from dfp_shared.redis_conn import connect
 from dfp_shared.storage_roots import parent_prefix, parse_prefixes
 from dfp_shared.submit import submit_job
 
 from .pool import Pool
-from .progress import progress_bar, watching
+from .progress import progress_bar, timing, watching
 from .settings import TokenizerSettings
 
 
-def run_job(settings: TokenizerSettings, spec: dict) -> JobRecord:
-    """Submit ``spec`` as a tokenize job and consume it with ``settings.process_count()`` processes."""
+def run_job(settings: TokenizerSettings, spec: dict, started: float | None = None) -> tuple[JobRecord, dict]:
+    """Submit ``spec`` as a tokenize job and consume it with ``settings.process_count()`` processes; returns the
+    job's record and its timing (start-up from ``started``, the command's start, then tokenization)."""
+    started = started or time.time()
     # a local run is the operator's own: the storage its command line names is allowed storage
     named = [spec[f] for f in ("input", "output", "tokenizer") if spec.get(f)]
     settings = settings.model_copy(update={"allowed_prefixes": ",".join(
@@ -22,7 +26,8 @@ def run_job(settings: TokenizerSettings, spec: dict) -> JobRecord:
     job, _ = submit_job(r, "tokenize", spec)
     jobs = JobStore(r)
     with progress_bar() as bar:
-        tick = watching(jobs, job.id, bar)
-        Pool(settings, settings.process_count()).run(tick=tick)
-        tick()
-    return jobs.get(job.id)
+        watch = watching(jobs, job.id, bar)
+        Pool(settings, settings.process_count()).run(tick=watch.tick)
+        watch.tick()
+    rec = jobs.get(job.id)
+    return rec, timing(rec, watch.work_start, started)

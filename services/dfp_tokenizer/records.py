@@ -6,9 +6,10 @@ Accepted shapes (DESIGN.md's completion record plus the common public ones):
 * ``{"conversations": [{"role", "content"}]}`` or ``{"conversations": [{"from", "value"}]}`` (ShareGPT:
   ``human``/``gpt``/``system``/``function_call``/``observation``);
 * content given as a list of ``{"type": "text", "text": ...}`` parts;
-* reasoning given as ``reasoning_content``, ``reasoning`` or ``thinking``, or inline as
-  ``<think>...</think>`` at the start of an assistant's content (split off here, as Qwen3's
-  template would, so that every template sees it in ``reasoning_content``).
+* reasoning given as ``reasoning_content``, ``reasoning`` or ``thinking``; reasoning written inline
+  as ``<think>...</think>`` in an assistant's content stays in the content here: the chat template
+  locator splits it off only for a template that itself reads it as reasoning;
+* tool definitions as the record's ``tools`` list (passed to the template as ``tools``).
 
 A line that cannot be used raises :class:`SampleError` with a reason code; the file loop counts
 reasons and writes them, with file and line, to the errors file.
@@ -20,7 +21,6 @@ import json
 from dataclasses import dataclass
 
 from dfp_shared.completions import REASONING, record_id, record_messages
-from dfp_shared.thinking import split_inline_reasoning
 
 ROLE_ALIASES = {
     "user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",
@@ -46,6 +46,9 @@ TEMPLATE_BUDGET = "template_budget"
 LINE_TOO_LONG = "line_too_long"
 INVALID_UNICODE = "invalid_unicode"
 TOKENIZER_ERROR = "tokenizer_error"
+BLANK_LINE = "blank_line"
+INVALID_UTF8 = "invalid_utf8"
+DUPLICATE_ID = "duplicate_id"
 
 EXCERPT_CHARS = 16
 DETAIL_CHARS = 160
@@ -78,6 +81,8 @@ class Sample:
     id: str
     messages: list[dict]
     """Normalised messages: role, content (str), reasoning (str | None), plus pass-through fields."""
+    tools: list | None = None
+    """The record's tool definitions (None: none given)."""
 
 
 def _text(value, where: str) -> str:
@@ -117,8 +122,6 @@ def normalise_message(raw, index: int) -> dict:
         if raw.get(name) is not None:
             reasoning = _text(raw[name], f"{where}.{name}")
             break
-    if role == "assistant" and reasoning is None:
-        reasoning, content = split_inline_reasoning(content)
     msg = {"role": role, "content": content, "reasoning": reasoning if role == "assistant" else None}
     for name in PASSTHROUGH_FIELDS:
         if raw.get(name) is not None:
@@ -127,7 +130,14 @@ def normalise_message(raw, index: int) -> dict:
 
 
 def parse_line(line: bytes | str, default_id: str) -> Sample:
-    """Parse one JSONL line into a :class:`Sample` (raises :class:`SampleError`)."""
+    """Parse one JSONL line (UTF-8, a leading byte order mark allowed) into a :class:`Sample` (raises
+    :class:`SampleError`)."""
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SampleError(INVALID_UTF8, f"not valid UTF-8 (byte 0x{line[exc.start]:02x} at offset {exc.start})") from None
+    line = line.removeprefix("\ufeff")
     try:
         obj = json.loads(line)
     except RecursionError:
@@ -153,4 +163,7 @@ def parse_line(line: bytes | str, default_id: str) -> Sample:
         raise SampleError(BAD_MESSAGE, f"cannot read the messages ({type(exc).__name__})", sid) from None
     if not any(m["role"] == "assistant" for m in messages):
         raise SampleError(NO_ASSISTANT_TURN, "the conversation has no assistant turn", sid)
-    return Sample(sid, messages)
+    tools = obj.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise SampleError(BAD_MESSAGE, f"'tools' must be a list of tool definitions, got {type(tools).__name__}", sid)
+    return Sample(sid, messages, tools)

@@ -193,13 +193,15 @@ class TokenizeHandler:
         manifest = build_manifest([p["entry"] for p in parts], extra={"thinking": spec.thinking})
         stats = merge_stats(parts, manifest)
         out.put("stats.json", json.dumps(stats, indent=1).encode())
-        out.put(MANIFEST, json.dumps(manifest, indent=1).encode())
-        self.jobs.complete_task(task.job_id, FINALIZE_KEY)
-        if manifest["num_samples"] == 0:
+        if manifest["num_samples"] == 0 and stats["lines"]:  # lines, none usable: no dataset (no manifest)
+            self.jobs.complete_task(task.job_id, FINALIZE_KEY)
             finish_job(self.r, task.job_id, "failed", outputs={"stats": out.url("stats.json")},
                        error=f"no usable samples in {len(files)} files ({stats['bad_lines']} bad lines; "
                              f"see {out.url('errors/')})")
             return
+        # empty input files make an empty dataset
+        out.put(MANIFEST, json.dumps(manifest, indent=1).encode())
+        self.jobs.complete_task(task.job_id, FINALIZE_KEY)
         finish_job(self.r, task.job_id, "succeeded", outputs={
             "dataset": out.uri, "manifest": out.url(MANIFEST), "stats": out.url("stats.json"),
             "samples": manifest["num_samples"], "tokens": manifest["num_tokens"], "bad_lines": stats["bad_lines"]})
@@ -222,14 +224,14 @@ def merge_stats(parts: list[dict], manifest: dict) -> dict:
     """Dataset statistics from the per-file parts."""
     hist = [0] * (len(HIST_EDGES) - 1)
     errors: dict[str, int] = {}
-    totals = {"lines": 0, "truncated": 0, "bad_lines": 0}
+    totals = {"lines": 0, "truncated": 0, "bad_lines": 0, "duplicate_ids": 0}
     for p in parts:
         s = p["stats"]
         hist = [a + b for a, b in zip(hist, s["length_histogram"])]
         for reason, n in s["errors"].items():
             errors[reason] = errors.get(reason, 0) + n
         for k in totals:
-            totals[k] += s[k]
+            totals[k] += s.get(k, 0)
     return {
         "files": len(parts), "samples": manifest["num_samples"], "tokens": manifest["num_tokens"],
         "trained_tokens": manifest["num_trained_tokens"], **totals, "errors_by_reason": errors,

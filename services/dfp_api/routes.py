@@ -1,12 +1,13 @@
-"""HTTP routes: jobs (submit, list, get, cancel, events) and health."""
+"""HTTP routes: jobs (submit, list, get, cancel, events, metrics) and health."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable
 from typing import Annotated
 
-from dfp_shared.jobs import JobRecord, JobState
+from dfp_shared.jobs import METRICS_PAGE_MAX, JobRecord, JobState
 from dfp_shared.metrics import metrics_payload
+from dfp_shared.specs.train import MAX_STEPS
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
@@ -28,7 +29,7 @@ from .deps import (
     visible,
 )
 from .events import job_events
-from .schemas import Health, Job, JobPage, JobRequest, JobSummary, JobType, error_responses
+from .schemas import Health, Job, JobPage, JobRequest, JobSummary, JobType, MetricPage, error_responses
 
 STRICT_REQUEST: TypeAdapter = TypeAdapter(JobRequest)
 SUBMITTED = Counter("dfp_api_jobs_submitted_total", "Jobs created through the API", ["type"])
@@ -125,6 +126,20 @@ async def job_event_stream(
                                   poll_s=settings.sse_poll_s, max_s=settings.sse_max_s,
                                   still_allowed=key_recheck(request)):
         yield event
+
+
+@jobs.get("/{job_id}/metrics", response_model=MetricPage, responses=error_responses(401, 403, 404, 422, 429, 503))
+async def job_metrics(job: ExistingJob, reader: Reader,
+                      after: Annotated[int, Query(ge=-1, le=MAX_STEPS, description="Points after this step.")] = -1,
+                      limit: Annotated[int, Query(ge=1, le=METRICS_PAGE_MAX, description="Page size.")] = 500,
+                      ) -> MetricPage:
+    """A train job's metric history (for a pipeline, its train stage's): points after step `after`, oldest
+    first; new points also arrive on the job's event stream as `metrics` events."""
+    job_id = job.outputs.get("train_job") if job.type == "pipeline" else job.id
+    if not job_id:  # a pipeline before its train stage
+        return MetricPage(job_id=job.id, items=[], next_after=None)
+    items = await reader.metrics(job_id, after, limit)
+    return MetricPage(job_id=job_id, items=items, next_after=int(items[-1]["step"]) if len(items) == limit else None)
 
 
 @health.get("/healthz", response_model=Health)

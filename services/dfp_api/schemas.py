@@ -118,6 +118,14 @@ class JobPage(BaseModel):
     limit: int
 
 
+class MetricPage(BaseModel):
+    """A page of a job's training metric points, oldest first (for a pipeline: its train stage's)."""
+
+    job_id: str = Field(description="The job whose points these are (a pipeline's train stage job).")
+    items: list[dict[str, float]] = Field(description="Points: `step` and the figures logged at it (train/eval).")
+    next_after: int | None = Field(description="Pass as `after` for the next page; null when this page was the last.")
+
+
 class FieldError(BaseModel):
     field: str = Field(description="Dotted path of the bad field (e.g. spec.output), or the parameter name.")
     location: str = Field(description="body, query, path or header.")

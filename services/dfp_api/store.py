@@ -76,3 +76,7 @@ class AsyncJobReader:
                      count: int = 100) -> list[tuple[str, str, dict]]:
         """Events after stream id ``after`` as (id, type, data); waits up to ``block_ms`` for the first."""
         return JobStore.decode_events(await self.r.xread(**JobStore.events_request(job_id, after, block_ms, count)))
+
+    async def metrics(self, job_id: str, after_step: int, limit: int) -> list[dict]:
+        """Metric points after ``after_step``, oldest first, at most ``limit``."""
+        return JobStore.decode_metrics(await self.r.zrangebyscore(**JobStore.metrics_request(job_id, after_step, limit)))

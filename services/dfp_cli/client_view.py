@@ -66,35 +66,65 @@ def job_view(job: dict) -> None:
     console.print("  spec: " + json.dumps(job["spec"]))
 
 
+FIGURES = ("loss", "accuracy", "heldout_loss", "tau")
+
+
+def figures(values: dict) -> str:
+    """The latest training figures of a metric point or a train job's counters: ``loss 3.21  tau 1.80``."""
+    return "  ".join(f"{k} {values[k]:.4g}" for k in FIGURES if isinstance(values.get(k), (int, float)))
+
+
+class WatchView:
+    """Progress bars of a job (and of a pipeline's stages, prefixed ``<stage>:``), kept to the last counts."""
+
+    def __init__(self, progress: Progress):
+        self.progress, self.bars = progress, {}
+
+    def show(self, prefix: str, record: dict) -> None:
+        units = record["progress"]["units"]
+        primary = record["progress"].get("primary_unit")
+        latest = figures({k: u["done"] for k, u in units.items()})
+        for unit, u in units.items():
+            if u["total"] is None and unit != primary:
+                continue
+            name = f"{prefix}{unit}"
+            total = u["total"]
+            if name not in self.bars:
+                self.bars[name] = self.progress.add_task(name, total=total, total_text=_num(total), note="")
+            rate = u["rate_per_s"]
+            note = (f"{rate:.2f}/s" if rate else "") + (f"  {latest}" if latest and unit == primary else "")
+            self.progress.update(self.bars[name], completed=u["done"], total=total, total_text=_num(total), note=note)
+
+    def finish(self, job: dict, stages: dict[str, dict]) -> None:
+        """End on the job's final counts, and each stage's (events stop once a stage is over)."""
+        self.show("", job)
+        for name, record in stages.items():
+            self.show(f"{name}:", record)
+
+
+def stage_records(api: Api, job: dict) -> dict[str, dict]:
+    """A pipeline's stage jobs as they are now, by stage name (empty for other jobs)."""
+    return {s: api.call("GET", f"/v1/jobs/{job['outputs'][f'{s}_job']}").json()
+            for s in ("generate", "tokenize", "train") if f"{s}_job" in (job.get("outputs") or {})}
+
+
 def watch_job(api: Api, job_id: str) -> int:
-    """Live progress bars from the job's events until it ends; returns 0 if it succeeded, else 1."""
+    """Live progress bars from the job's events until it ends, then its final counts; returns 0 if it
+    succeeded, else 1."""
     job = api.call("GET", f"/v1/jobs/{job_id}").json()
     console.print(f"watching {job_id} ({job['type']})")
-    bars: dict[str, int] = {}
     final = job
     with Progress(TextColumn("{task.description:>16}"), BarColumn(), TaskProgressColumn(),
                   TextColumn("{task.completed:.0f}/{task.fields[total_text]}"), TimeRemainingColumn(),
                   TextColumn("{task.fields[note]}"), console=console, transient=False) as progress:
-
-        def show(prefix: str, record: dict) -> None:
-            units = record["progress"]["units"]
-            primary = record["progress"].get("primary_unit")
-            for unit, u in units.items():
-                if u["total"] is None and unit != primary:
-                    continue
-                name = f"{prefix}{unit}"
-                total = u["total"]
-                if name not in bars:
-                    bars[name] = progress.add_task(name, total=total, total_text=_num(total), note="")
-                rate = u["rate_per_s"]
-                progress.update(bars[name], completed=u["done"], total=total, total_text=_num(total),
-                                note=f"{rate:.2f}/s" if rate else "")
-
+        view = WatchView(progress)
         for event, _, data in sse_events(api, job_id):
             if event == "progress":
-                show("", {"progress": data["progress"]})
+                view.show("", {"progress": data["progress"]})
                 if data.get("stage"):  # a pipeline's current stage
-                    show(f"{data['stage']['name']}:", data["stage"])
+                    view.show(f"{data['stage']['name']}:", data["stage"])
+            elif event == "metrics":
+                progress.console.print(f"step {data['step']}  {figures(data)}")
             elif event == "state":
                 progress.console.print(f"state: {data.get('previous', '-')} -> {data['state']}"
                                        + (f"  {data['error']}" if data.get("error") else ""))
@@ -102,6 +132,8 @@ def watch_job(api: Api, job_id: str) -> int:
                 progress.console.print(f"stage {data['stage']} started: job {data['job_id']}")
             elif event == "end":
                 final = data
+        record = api.call("GET", f"/v1/jobs/{job_id}").json()
+        view.finish(record, stage_records(api, record))
     state = final["state"]
     colour = "green" if state == "succeeded" else "red"
     console.print(f"[{colour}]{job_id} {state}[/{colour}]" + (f": {final['error']}" if final.get("error") else ""))

@@ -98,7 +98,7 @@ def wait_ready(group: ProcessGroup, api_url: str, target_port: int, timeout: flo
 def run_demo(cfg: DemoConfig) -> int:
     """Run the pipeline end to end; returns the process exit code."""
     from .api_client import Api
-    from .client_view import watch_job
+    from .client_view import stage_records, watch_job
 
     out = cfg.out_dir.resolve()
     if cfg.fresh and out.exists():
@@ -129,8 +129,7 @@ def run_demo(cfg: DemoConfig) -> int:
         console.print(f"submitted pipeline job [bold]{job['id']}[/bold] to {api_url}")
         code = watch_job(api, job["id"])
         final = api.call("GET", f"/v1/jobs/{job['id']}").json()
-        stages = {s: api.call("GET", f"/v1/jobs/{final['outputs'][f'{s}_job']}").json()
-                  for s in ("generate", "tokenize", "train") if f"{s}_job" in final["outputs"]}
+        stages = stage_records(api, final)
         summarise(final, stages, out)
         return code
     except KeyboardInterrupt:

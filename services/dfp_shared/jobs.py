@@ -4,7 +4,8 @@ The API and every worker use this one implementation, and only it names the keys
 :class:`JobKeys`): ``dfp:job:<id>`` (hash: record), ``dfp:job:<id>:counters`` / ``:totals`` (hashes
 of numbers), ``dfp:job:<id>:done`` (set of finished task keys, for exactly-once counting),
 ``dfp:job:<id>:events`` (stream of state and progress events), ``dfp:job:<id>:cancel`` (flag),
-``dfp:job:<id>:live`` (generation's live shard progress), ``dfp:jobs`` (sorted set by creation
+``dfp:job:<id>:live`` (generation's live shard progress), ``dfp:job:<id>:metrics`` (sorted set of
+training metric points by step, the last :data:`METRICS_MAXLEN`), ``dfp:jobs`` (sorted set by creation
 time) and ``dfp:idem:<key>`` (idempotency keys).
 """
 
@@ -19,6 +20,9 @@ from enum import Enum
 import redis
 
 EVENTS_MAXLEN = 2000
+METRICS_MAXLEN = 5000
+"""Metric points kept per job (the newest); one point per logged training step."""
+METRICS_PAGE_MAX = 1000
 JOBS_INDEX = "dfp:jobs"
 IDEMPOTENCY_PREFIX = "dfp:idem:"
 
@@ -155,6 +159,8 @@ class JobKeys:
     cancel: str
     live: str
     """Generation's live shard progress (see ``dfp_generation.live``)."""
+    metrics: str
+    """Training metric points, scored by step (see :meth:`JobStore.add_metrics`)."""
 
     @classmethod
     def of(cls, job_id: str) -> JobKeys:
@@ -200,6 +206,18 @@ class JobStore:
         """The events of an ``XREAD`` reply as (id, type, data)."""
         rows = reply[0][1] if reply else []
         return [(i, f.get("type", ""), json.loads(f.get("data") or "{}")) for i, f in rows]
+
+    @staticmethod
+    def metrics_request(job_id: str, after_step: int = -1, limit: int = METRICS_PAGE_MAX) -> dict:
+        """Arguments of the ``ZRANGEBYSCORE`` of a job's metric points after ``after_step``, oldest first."""
+        limit = max(1, min(int(limit), METRICS_PAGE_MAX))
+        return {"name": JobStore.keys(job_id).metrics, "min": f"({int(after_step)}", "max": "+inf",
+                "start": 0, "num": limit}
+
+    @staticmethod
+    def decode_metrics(reply) -> list[dict]:
+        """The points of a :meth:`metrics_request` reply."""
+        return [json.loads(row) for row in reply]
 
     @staticmethod
     def queue_task_flags(pipe, job_id: str, task_keys: list[str]) -> None:
@@ -356,6 +374,22 @@ class JobStore:
     def emit(self, job_id: str, event_type: str, data: dict) -> None:
         self.r.xadd(self.keys(job_id).events, {"type": event_type, "data": json.dumps(data)},
                     maxlen=EVENTS_MAXLEN, approximate=True)
+
+    def add_metrics(self, job_id: str, point: dict) -> None:
+        """Record a training metric point (``point["step"]``, an int, and numbers) and send it as a
+        ``metrics`` event. A point replaces those at its step and after (a resumed run re-logs them);
+        only the newest :data:`METRICS_MAXLEN` are kept."""
+        step, keys = int(point["step"]), self.keys(job_id)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.zremrangebyscore(keys.metrics, step, "+inf")
+        pipe.zadd(keys.metrics, {json.dumps(point, sort_keys=True): step})
+        pipe.zremrangebyrank(keys.metrics, 0, -(METRICS_MAXLEN + 1))
+        pipe.xadd(keys.events, {"type": "metrics", "data": json.dumps(point)}, maxlen=EVENTS_MAXLEN, approximate=True)
+        pipe.execute()
+
+    def metrics(self, job_id: str, after_step: int = -1, limit: int = METRICS_PAGE_MAX) -> list[dict]:
+        """Metric points after ``after_step``, oldest first, at most ``limit`` (and :data:`METRICS_PAGE_MAX`)."""
+        return self.decode_metrics(self.r.zrangebyscore(**self.metrics_request(job_id, after_step, limit)))
 
     def events(self, job_id: str, after: str = "0-0", block_ms: int | None = None, count: int = 100) -> list[tuple[str, str, dict]]:
         """Events after stream id ``after``: (id, type, data)."""

@@ -31,6 +31,15 @@ def worker(settings: TrainerSettings, max_tasks, idle_exit):
     from .worker import TrainHandler
 
     r = connect(settings.redis_url)
+    if settings.node_rank > 0:  # a member of a trainer group: member 0 claims, this one follows
+        from dfp_shared.metrics import start_metrics_server
+        from dfp_shared.signals import StopSignals
+
+        from .worker import follow
+
+        start_metrics_server(settings.metrics_port)  # what the pod's probes check
+        follow(settings, r, StopSignals().install().stop)
+        return
     queue = TaskQueue(r, "train", lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
     worker = Worker(queue, JobStore(r), TrainHandler(settings, r))
     run_worker(worker, settings.metrics_port, max_tasks=max_tasks, idle_exit_s=idle_exit)

@@ -30,9 +30,9 @@ def initial_weights(setup, drafter) -> Iterator[None]:
         drafter.load_state_dict(trained)
 
 
-def heldout_batches(setup, device: torch.device, batch_size: int = 4) -> Iterator[Batch]:
-    """The evaluation samples in batches with their target features, on ``device``."""
-    index = setup.eval_index
+def heldout_batches(setup, device: torch.device, batch_size: int = 4, limit: int | None = None) -> Iterator[Batch]:
+    """The evaluation samples (the first ``limit``; None: all) in batches with their target features, on ``device``."""
+    index = setup.eval_index[:limit]
     for start in range(0, index.numel(), batch_size):
         batch = collate(setup.dataset, index[start:start + batch_size], setup.spec.max_length)
         batch.target_hidden = asyncio.run(fetch_hidden(setup.source, batch.sequences(), setup.layer_ids,

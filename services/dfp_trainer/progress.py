@@ -1,4 +1,5 @@
-"""Progress of a training run in its job record (steps, loss, tokens/s, data wait, ETA) and stop checks."""
+"""Progress of a training run in its job record (steps, loss, tokens/s, data wait, ETA), its metric points, and
+stop checks."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import threading
 
 from prometheus_client import Gauge
 
+from .metrics_log import EVAL_KEYS
 from .train import Hooks
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,14 @@ def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event |
         if "loss" in row:
             jobs.emit(job_id, "progress", {k: v for k, v in row.items() if k != "per_position_accuracy"})
 
+    def metrics(point: dict) -> None:
+        if jobs is None:
+            return
+        jobs.add_metrics(job_id, point)
+        figures = {k: point[k] for k in EVAL_KEYS if k in point}
+        if figures:  # the latest evaluation, beside the training figures in the counters
+            jobs.set_counters(job_id, **figures)
+
     def should_stop() -> bool:
         if stop is not None and stop.is_set():
             return True
@@ -54,4 +64,4 @@ def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event |
             return True
         return bool(jobs is not None and jobs.is_cancelled(job_id))
 
-    return Hooks(progress=progress, should_stop=should_stop)
+    return Hooks(progress=progress, metrics=metrics, should_stop=should_stop)

@@ -4,7 +4,8 @@ Outputs under the run's output prefix: ``drafter/`` (the export the DFlash refer
 ``report.json`` (``evaluation``: τ of both drafters by speculative decoding on the held-out prompts,
 and ``heldout_trained`` / ``heldout_untrained``: loss, accuracy and accuracy per block position on the
 held-out samples; ``summary``: the training-batch loss and accuracy of the last steps, throughput,
-data-wait and communication shares), ``loss_curve.png`` and ``position_accuracy.png``.
+data-wait and communication shares; ``tau_curve``: τ over training steps), ``loss_curve.png``,
+``position_accuracy.png`` and, with an evaluation, ``tau_curve.png``.
 """
 
 from __future__ import annotations
@@ -49,21 +50,27 @@ def evaluate_drafters(setup, drafter) -> dict:
     prompts = eval_prompts(setup)
     if not prompts:
         return {}
-    spec = setup.spec
-    target = getattr(setup.source, "model", None)  # the in-process target is already loaded
-    if target is None:
-        target = load_causal_lm(str(setup.model_dir), device=str(next(drafter.parameters()).device))
-    kwargs = dict(max_new_tokens=spec.eval_max_new_tokens, stop_token_ids=stop_token_ids(setup.tokenizer),
-                  layer_ids=setup.layer_ids)
-    was_training = drafter.training
-    drafter.eval()
-    with torch.no_grad():
-        trained = _tau_entry(acceptance(drafter, target, prompts, **kwargs))
-        with initial_weights(setup, drafter):
-            untrained = _tau_entry(acceptance(drafter, target, prompts, **kwargs))
-    drafter.train(was_training)
+    target = verifying_target(setup, drafter)
+    with initial_weights(setup, drafter):
+        untrained = _tau_entry(tau_of(setup, drafter, target, prompts))
+    trained = _tau_entry(tau_of(setup, drafter, target, prompts))
     return {"tau_trained": float(trained["tau"]), "tau_untrained": float(untrained["tau"]),
             "eval_prompts": len(prompts), "eval_trained": trained, "eval_untrained": untrained}
+
+
+def verifying_target(setup, drafter):
+    """The target that verifies drafts: the in-process one already loaded, else loaded from the run's model."""
+    target = getattr(setup.source, "model", None)
+    if target is None:
+        target = load_causal_lm(str(setup.model_dir), device=str(next(drafter.parameters()).device))
+    return target
+
+
+def tau_of(setup, drafter, target, prompts: list[torch.Tensor]) -> dict:
+    """:func:`~dfp_trainer.evaluate.acceptance` of ``drafter`` on ``prompts`` with the run's decoding settings."""
+    with torch.no_grad():
+        return acceptance(drafter, target, prompts, max_new_tokens=setup.spec.eval_max_new_tokens,
+                          stop_token_ids=stop_token_ids(setup.tokenizer), layer_ids=setup.layer_ids)
 
 
 def _tau_entry(result: dict) -> dict:
@@ -87,6 +94,35 @@ def plot_loss(history: list[dict]) -> bytes:
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("DFlash drafter training loss")
+    ax.grid(alpha=0.3)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def tau_points(history: list[dict], evaluation: dict) -> list[tuple[int, float]]:
+    """τ over training steps: the untrained drafter at step 0, each mid-training evaluation, the trained
+    drafter at the last step."""
+    points = [(0, evaluation["tau_untrained"])] if evaluation.get("tau_untrained") is not None else []
+    points += [(r["step"], r["tau"]) for r in history if "tau" in r]
+    if evaluation.get("tau_trained") is not None and history:
+        points.append((history[-1]["step"], evaluation["tau_trained"]))
+    return points
+
+
+def plot_tau(points: list[tuple[int, float]]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("tau (tokens per draft-verify step)")
+    ax.set_title("Acceptance length over training")
     ax.grid(alpha=0.3)
     buf = io.BytesIO()
     fig.tight_layout()
@@ -128,14 +164,18 @@ def finish_run(setup, drafter, history: list[dict], summary: dict) -> dict:
     if config.evaluate and spec.eval_prompts:
         report["evaluation"] = {**evaluate_drafters(setup, drafter), **evaluate_heldout(setup, drafter)}
     report["history"] = [{k: v for k, v in r.items() if k != "per_position_accuracy"} for r in history]
-    out.put_many([("report.json", json.dumps(report, indent=1).encode()),
-                  ("loss_curve.png", plot_loss(history)),
-                  ("position_accuracy.png", plot_position_accuracy(summary.get("per_position_accuracy", [])))])
+    plots = [("loss_curve.png", plot_loss(history)),
+             ("position_accuracy.png", plot_position_accuracy(summary.get("per_position_accuracy", [])))]
+    taus = tau_points(history, report.get("evaluation", {}))
+    if taus:
+        report["tau_curve"] = [{"step": step, "tau": tau} for step, tau in taus]
+        plots.append(("tau_curve.png", plot_tau(taus)))
+    out.put_many([("report.json", json.dumps(report, indent=1).encode()), *plots])
     base = spec.output.rstrip("/")
     results = headline(summary, report.get("evaluation", {}))
     log.info("training finished", extra={k: v for k, v in results.items() if v is not None})
     return {"drafter": base + "/drafter/", "report": base + "/report.json",
-            "plots": [base + "/loss_curve.png", base + "/position_accuracy.png"], **results}
+            "plots": [f"{base}/{name}" for name, _ in plots], **results}
 
 
 def headline(summary: dict, evaluation: dict) -> dict:

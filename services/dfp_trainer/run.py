@@ -58,23 +58,34 @@ def run_local(spec: TrainSpec, settings: TrainerSettings, *, job_id: str | None 
               help="Train job spec (JSON file).")
 @click.option("--job-id", default=None, help="Job whose record gets the progress (rank 0).")
 @click.option("--result", "result_path", default=None, help="Where rank 0 writes the result JSON.")
+@click.option("--group-run", default=None, help="Run of a trainer group: rank 0 publishes the result to the group.")
 @click.option("--no-resume", is_flag=True, help="Start from scratch even if a checkpoint exists.")
-def main(spec_path: str, job_id: str | None, result_path: str | None, no_resume: bool) -> None:
+def main(spec_path: str, job_id: str | None, result_path: str | None, group_run: str | None, no_resume: bool) -> None:
     settings = settings_or_exit(TrainerSettings, "trainer")
     spec = TrainSpec.model_validate(json.loads(Path(spec_path).read_text()))
     stop = install_stop_flag()
     rank0 = int(os.environ.get("RANK", "0")) == 0
+
+    def report(data: dict) -> None:
+        if not rank0:
+            return
+        if result_path:
+            Path(result_path).write_text(json.dumps(data))
+        if group_run:
+            from dfp_shared.redis_conn import connect
+
+            from .group import GroupRuns
+
+            GroupRuns(connect(settings.redis_url), settings.group_name).put_result(group_run, data)
+
     try:
         result = run_local(spec, settings, job_id=job_id, stop=stop, resume=not no_resume)
     except (TrainError, DataError) as exc:
-        if result_path and rank0:
-            Path(result_path).write_text(json.dumps({"input_error": str(exc)}))
+        report({"input_error": str(exc)})
         print(f"cannot train: {exc}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    if result_path and rank0:
-        Path(result_path).write_text(json.dumps({"step": result.step, "total_steps": result.total_steps,
-                                                 "completed": result.completed, "outputs": result.outputs,
-                                                 "summary": result.summary}))
+    report({"step": result.step, "total_steps": result.total_steps, "completed": result.completed,
+            "outputs": result.outputs, "summary": result.summary})
     sys.exit(0 if result.completed else EXIT_STOPPED)
 
 

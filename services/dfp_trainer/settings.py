@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dfp_shared.config import CommonSettings
 from dfp_shared.specs._names import DEFAULT, load_name_map
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 DEFAULT_TARGET = DEFAULT
 
@@ -26,10 +26,31 @@ class TrainerSettings(CommonSettings):
     lease_ms: int = Field(120_000, ge=1000, description="Lease of a claimed train task (ms); heartbeats renew it.")
     max_deliveries: int = Field(5, ge=1, description="Deliveries of a train task before it is dead-lettered.")
     progress_every_s: float = Field(2.0, gt=0, description="Seconds between progress updates in the job record.")
+    mlflow_tracking_uri: str = Field("", description="MLflow tracking server (http(s)://host:port; needs the `tracking` extra) the live "
+                                                      "training metrics also go to; empty: TensorBoard event files only.")
+    mlflow_experiment: str = Field("dflash-pipeline", min_length=1, max_length=256,
+                                   description="MLflow experiment the runs are logged under.")
+    metrics_upload_every_s: float = Field(30.0, ge=0, description="Seconds between uploads of the TensorBoard event "
+                                                                  "files to the output prefix (0: at every point).")
     work_dir: str = Field("", description="Local scratch directory for staging (the drafter export, torchrun "
                                           "files); created if missing. Empty: the system temporary directory.")
     torchrun_args: str = Field("", description="Extra torchrun flags for multi-pod runs (e.g. --nnodes 2 "
                                                "--rdzv-endpoint host:29400); empty: --standalone.")
+    nodes: int = Field(1, ge=1, description="Pods of this trainer's group; >1: they train one job together "
+                                            "(torchrun c10d rendezvous at rdzv_endpoint).")
+    node_rank: int = Field(0, ge=0, description="This pod's place in its group; member 0 claims the jobs.")
+    group_name: str = Field("trainer", min_length=1, description="Name of the trainer group (its Redis keys).")
+    rdzv_endpoint: str = Field("", description="host:port of the group's rendezvous (member 0's stable address).")
+    max_restarts: int = Field(0, ge=0, description="torchrun restarts of a group run in place after a lost member; "
+                                                   "0: the run ends and its task is retried at a fresh rendezvous.")
+
+    @model_validator(mode="after")
+    def _group(self):
+        if self.nodes > 1 and not self.rdzv_endpoint:
+            raise ValueError("nodes > 1 needs rdzv_endpoint (DFLASH_RDZV_ENDPOINT)")
+        if self.node_rank >= self.nodes:
+            raise ValueError(f"node_rank {self.node_rank} is outside a group of {self.nodes}")
+        return self
 
     @field_validator("target_endpoints")
     @classmethod

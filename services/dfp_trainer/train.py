@@ -24,6 +24,7 @@ from dfp_shared.storage import open_store
 from .checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
 from .data import Batch, BatchSampler, collate, micro_batches, rank_share, step_seed
 from .distributed import DistInfo, barrier, broadcast_flag, reduce_metrics, unwrap, wrap_model
+from .metrics_log import MetricsLog
 from .objective import dflash_loss
 from .prepare import Setup, TrainError, prepare
 from .report import finish_run
@@ -35,9 +36,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Hooks:
-    """Callbacks of a run: progress to the job record, and a stop request (SIGTERM or cancel)."""
+    """Callbacks of a run: progress and metric points to the job record, and a stop request (SIGTERM or cancel)."""
 
     progress: Callable[[dict], None] | None = None
+    metrics: Callable[[dict], None] | None = None
     should_stop: Callable[[], bool] | None = None
 
 
@@ -160,6 +162,7 @@ def _train(config: RunConfig, info: DistInfo, hooks: Hooks, s: Setup) -> TrainRe
     acc: dict[str, Any] = {}
     last_state, stopped = sampler.state_dict(), False
     last_report = last_end = time.perf_counter()
+    live = MetricsLog(config, s, info, total, sink=hooks.metrics)
     pipeline = Pipeline(items(), fetch, copy, inflight=settings.fetch_inflight, queue_size=settings.prefetch_batches)
     model.train()
     try:
@@ -194,6 +197,7 @@ def _train(config: RunConfig, info: DistInfo, hooks: Hooks, s: Setup) -> TrainRe
                    "data_wait_fraction": meter.fraction(), "comm_fraction": m["comm_s"] / step_s if step_s else 0.0,
                    "per_position_accuracy": _position_acc(acc, info)}
             history.append(row)
+            live.step(row, unwrap(model))
             acc = {}
             if step % spec.checkpoint_every == 0 or step == total:
                 save(step, last_state)
@@ -208,11 +212,13 @@ def _train(config: RunConfig, info: DistInfo, hooks: Hooks, s: Setup) -> TrainRe
                 break
     finally:
         pipeline.close()
+        live.flush()
     summary = summarise(history, pipeline)
     result = TrainResult(step, total, completed=not stopped and step >= total, history=history, summary=summary,
                          outputs={"checkpoints": config.output_uri("checkpoints/")})
     if result.completed and info.is_main:
         result.outputs.update(finish_run(s, unwrap(model), history, summary))
+    live.close(result.outputs, completed=result.completed)
     barrier(info)
     return result
 

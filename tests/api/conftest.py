@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import threading
 
 import pytest
 from fastapi.testclient import TestClient
@@ -41,6 +43,26 @@ def make_app(redis_server):
         return create_app(settings)
 
     return make
+
+
+@contextlib.contextmanager
+def served(app):
+    """``app`` under a real uvicorn (httptools, as served) on a free loopback port; yields the port."""
+    import uvicorn
+
+    from tests.support.servers import free_port, wait_for_port
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", lifespan="on",
+                                        log_config=None, access_log=False))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    wait_for_port(port, timeout=30)
+    try:
+        yield port
+    finally:
+        srv.should_exit = True
+        thread.join(10)
 
 
 @pytest.fixture

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 
 import pytest
-import uvicorn
 from dfp_api.settings import ApiSettings
 from fastapi.testclient import TestClient
 
-from tests.support.servers import free_port, wait_for_port
-
-from .conftest import WRITE_KEY, auth
+from .conftest import WRITE_KEY, auth, served
 
 GEN_SPEC = {"prompts": "file:///data/prompts.jsonl", "output": "file:///data/out", "model": "file:///models/tiny"}
 LIMIT = 64 * 1024
@@ -24,16 +20,8 @@ LIMIT = 64 * 1024
 @pytest.fixture
 def server(make_app, redis_client):
     """The app under a real uvicorn (httptools, as served) on a free port, with a 64 KiB body limit."""
-    port = free_port()
-    config = uvicorn.Config(make_app(max_body_bytes=LIMIT), host="127.0.0.1", port=port, http="httptools",
-                            lifespan="on", log_config=None, access_log=False)
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    wait_for_port(port, timeout=30)
-    yield port
-    srv.should_exit = True
-    thread.join(10)
+    with served(make_app(max_body_bytes=LIMIT)) as port:
+        yield port
 
 
 def _request(port: int, head: str, body_parts: list[bytes], pause_s: float = 0.0) -> tuple[int, dict, bytes]:

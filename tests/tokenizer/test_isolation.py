@@ -141,6 +141,7 @@ def test_line_limit_counts_every_line_and_keeps_line_numbers(qwen3_tokenizer):
                         limits=EncodeLimits(max_line_bytes=limit))
     for blob, uri in ((data, "file:///in/a.jsonl"), (gzip.compress(data), "file:///in/a.jsonl.gz")):
         res = tokenize_file(blob, uri, "s", enc, id_prefix="a")
-        assert res.stats.samples == 3 and res.stats.lines == 5
-        assert [(e["line"], e["reason"]) for e in res.errors] == [(2, "line_too_long"), (5, "line_too_long")]
+        assert res.stats.samples == 3 and res.stats.lines == 6  # every line, the blank one included
+        assert [(e["line"], e["reason"]) for e in res.errors] == [(2, "line_too_long"), (3, "blank_line"),
+                                                                  (5, "line_too_long")]
         assert str(limit) in res.errors[0]["detail"]

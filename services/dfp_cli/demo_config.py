@@ -21,4 +21,6 @@ class DemoConfig:
     train_steps: int = flag(150, "Drafter optimiser steps.")
     draft_layers: int = 1  # draft decoder layers
     eval_prompts: int = 8  # held-out prompts of the acceptance-length evaluation
+    hybrid_target: bool = flag(False, "A Qwen3.5-style hybrid target (linear- and full-attention layers) instead of "
+                                      "Qwen3.")
     fresh: bool = flag(False, "Delete the output directory first.")

@@ -41,7 +41,8 @@ def prepare_inputs(cfg: DemoConfig, store_dir: Path) -> tuple[Path, Path]:
 
     with console.status("fetching the Qwen3 tokenizer and building the tiny target"):
         tok_dir = qwen3_tokenizer_dir()
-        model_dir = build_tiny_qwen3(store_dir / "models" / "tiny-qwen3", tok_dir)
+        name = "tiny-qwen3_5" if cfg.hybrid_target else "tiny-qwen3"
+        model_dir = build_tiny_qwen3(store_dir / "models" / name, tok_dir, hybrid=cfg.hybrid_target)
     prompts = resources.files("dfp_cli").joinpath("demo_prompts.jsonl").read_text(encoding="utf-8").splitlines()
     prompt_file = store_dir / "prompts" / "demo.jsonl"
     prompt_file.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +162,8 @@ def summarise(final: dict, stages: dict, out: Path) -> None:
                       f"vs untrained {train['tau_untrained']:.2f} (tokens per draft-verify step)")
     paths = {"completions": stages.get("generate", {}).get("outputs", {}).get("completions"),
              "token shards": stages.get("tokenize", {}).get("outputs", {}).get("dataset"),
-             "drafter export": train.get("drafter"), "report": train.get("report"),
+             "drafter export": train.get("drafter"), "speculators export": train.get("drafter_speculators"),
+             "report": train.get("report"),
              "plots": ", ".join(train.get("plots") or []), "logs": f"file://{out}/logs"}
     for name, uri in paths.items():
         if uri:
@@ -176,3 +178,11 @@ def summarise(final: dict, stages: dict, out: Path) -> None:
         console.print(f"  cat {train['report'].removeprefix('file://')}")
     for plot in train.get("plots") or []:
         console.print(f"  xdg-open {plot.removeprefix('file://')}")
+    serving = train.get("serving") or {}
+    if serving:
+        console.print("\nserve the drafter (a real GPU serving machine; the commands are also in the report):")
+        for engine in ("vllm", "vllm_speculators", "sglang"):
+            if serving.get(engine):
+                console.print(f"  {serving[engine]}", markup=False, highlight=False, soft_wrap=True)
+        console.print("load it with transformers:")
+        console.print(serving["transformers"], markup=False, highlight=False, soft_wrap=True)

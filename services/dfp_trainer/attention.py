@@ -1,18 +1,10 @@
-"""Which keys each draft query may see, and the attention call (SDPA everywhere, flex on CUDA).
+"""The drafter's attention masks for training (many blocks per sequence) and decoding (one block after
+the whole context), and the attention call (SDPA everywhere, flex on CUDA).
 
-Keys of a draft layer are ``[context positions (C) ; block tokens (Q)]``. A query of the block
-anchored at position ``a`` sees
-
-- context keys at positions ``< a`` (strictly before its anchor: the anchor's own hidden state is
-  not known at inference, and later context would leak the answer), and
-- every token of its own block (attention is not causal inside a block), and nothing of other
-  blocks;
-- sliding-attention layers additionally see only keys whose position is within the window:
-  ``|pos(query) - pos(key)| < sliding_window``.
-
-The rule is expressed once, on per-query and per-key descriptors, so training (many blocks per
-sequence) and decoding (one block after the whole context) share it. It is materialised as a
-boolean SDPA mask, or as a flex-attention ``BlockMask`` when running on CUDA.
+Which key a query sees is one rule per layer type, :func:`dfp_trainer.modeling_dflash.visible` (full
+layers: context before the anchor and the whole own block; sliding layers: the same keys, causal and
+within the window, as vLLM and SGLang compute them). It is applied here to per-query and per-key
+descriptors and materialised as a boolean SDPA mask, or as a flex-attention ``BlockMask`` on CUDA.
 """
 
 from __future__ import annotations
@@ -23,6 +15,8 @@ from typing import get_args
 import torch
 import torch.nn.functional as F
 from dfp_shared.specs.train import LayerType
+
+from .modeling_dflash import visible
 
 FULL, SLIDING = get_args(LayerType)
 
@@ -48,17 +42,10 @@ class _Descriptors:
     context_len: int
 
 
-def _visible(d: _Descriptors, window: int | None, qa, qp, qb, kp, kb, is_ctx):
-    vis = torch.where(is_ctx, kp < qa, kb == qb)
-    if window:
-        vis = vis & ((qp - kp).abs() < window)
-    return vis
-
-
 def _bool_mask(d: _Descriptors, window: int | None) -> torch.Tensor:
     kv = d.k_pos.shape[1]
     is_ctx = (torch.arange(kv, device=d.k_pos.device) < d.context_len)[None, None, :]
-    vis = _visible(d, window, d.q_anchor[:, :, None], d.q_pos[:, :, None], d.q_block[:, :, None],
+    vis = visible(window, d.q_anchor[:, :, None], d.q_pos[:, :, None], d.q_block[:, :, None],
                    d.k_pos[:, None, :], d.k_block[:, None, :], is_ctx)
     return vis[:, None]  # (S, 1, Q, C+Q)
 
@@ -69,7 +56,7 @@ def _flex_mask(d: _Descriptors, window: int | None):
     c = d.context_len
 
     def mask_mod(b, h, q, kv):
-        return _visible(d, window, d.q_anchor[b, q], d.q_pos[b, q], d.q_block[b, q], d.k_pos[b, kv],
+        return visible(window, d.q_anchor[b, q], d.q_pos[b, q], d.q_block[b, q], d.k_pos[b, kv],
                         d.k_block[b, kv], kv < c)
 
     s, q_len = d.q_pos.shape
@@ -147,6 +134,11 @@ def _flex_attention(q, k, v, block_mask):
     else:  # eager reference implementation (used by tests to check it against SDPA)
         fn = flex_attention
     return fn(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def attention_fn(masks: AttentionMasks | None):
+    """The ``attention(q, k, v, layer_type)`` callable the draft layers call, over these masks."""
+    return lambda q, k, v, layer_type: attend(q, k, v, masks, layer_type)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: AttentionMasks | None,

@@ -24,18 +24,14 @@ import torch.nn.functional as F
 from dfp_shared.specs.train import LayerType
 from torch import nn
 from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import (
-    Qwen3Attention,
-    Qwen3MLP,
-    Qwen3RMSNorm,
-    Qwen3RotaryEmbedding,
-    rotate_half,
-)
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-from .attention import FULL, SLIDING, AttentionMasks, attend
+from .attention import FULL, SLIDING, AttentionMasks, attention_fn
+from .modeling_dflash import add_draft_modules, draft_hidden
 
 LAYER_TYPES = get_args(LayerType)
 ARCHITECTURE = "DFlashDraftModel"
+AUTO_MODEL = "modeling_dflash.DFlashDraftModel"  # the modeling file's class, for AutoModel with trust_remote_code
 # rope keys of targets whose attention a Qwen3 layer does not have (partial rotary, multimodal sections)
 _NOT_QWEN3_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
 # config.json keys that are the draft layers' transformers Qwen3 config, written as it holds them
@@ -122,16 +118,30 @@ class DrafterConfig:
             sliding_window=self.sliding_window if sliding else None, max_window_layers=self.num_hidden_layers,
             use_cache=False)
 
+    def causality_fields(self) -> dict[str, Any]:
+        """The ``config.json`` fields that make vLLM and SGLang attend as :func:`~dfp_trainer.modeling_dflash.visible`.
+
+        All full layers: ``is_causal: false`` (vLLM reads it before anything else). With sliding layers no
+        causality field at all: vLLM then makes exactly the sliding layers causal, with
+        ``dflash_config.swa_window_size`` (or ``sliding_window``) as their window, and SGLang reads
+        ``layer_types`` and ``sliding_window`` the same way; ``use_swa`` is stated when every layer slides.
+        """
+        if SLIDING not in self.layer_types:
+            return {"is_causal": False}
+        return {"dflash_config": {"swa_window_size": self.sliding_window,
+                                  **({"use_swa": True} if set(self.layer_types) == {SLIDING} else {})}}
+
     def to_config_dict(self, dtype: str = "float32") -> dict[str, Any]:
-        """The reference-format ``config.json`` (z-lab layout): the Qwen3 config plus the DFlash fields."""
+        """The reference-format ``config.json`` (z-lab layout): the Qwen3 config plus the DFlash fields,
+        and the ``auto_map`` that lets ``AutoModel`` build the modeling file the export places beside it."""
         qwen3 = self.qwen3_config()
-        return {"architectures": [ARCHITECTURE], "model_type": "qwen3",
+        causality = self.causality_fields()
+        dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
+                  "block_size": self.block_size, **causality.pop("dflash_config", {})}
+        return {"architectures": [ARCHITECTURE], "model_type": "qwen3", "auto_map": {"AutoModel": AUTO_MODEL},
                 **{name: getattr(qwen3, name) for name in _QWEN3_KEYS},
-                "rope_theta": self.rope_theta, "is_causal": False, "block_size": self.block_size,
-                "num_target_layers": self.num_target_layers,
-                "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
-                                  "block_size": self.block_size},
-                "dtype": dtype}
+                "rope_theta": self.rope_theta, **causality, "block_size": self.block_size,
+                "num_target_layers": self.num_target_layers, "dflash_config": dflash, "dtype": dtype}
 
     @classmethod
     def from_config_dict(cls, data: Mapping[str, Any], source: str = "config.json") -> DrafterConfig:
@@ -142,6 +152,10 @@ class DrafterConfig:
         for name in ("mask_token_id", "target_layer_ids"):
             if dflash.get(name) is None:
                 raise ValueError(f"{source}: field dflash_config.{name} missing")
+        for name, value in (("is_causal", data.get("is_causal")), ("dflash_config.causal", dflash.get("causal"))):
+            if value:
+                raise ValueError(f"{source}: field {name} is true: the engines would make every layer causal, "
+                                 f"and this drafter's full-attention layers attend to their whole block")
         cfg = _ConfigView(data, source)
         fields = dict(_shape_fields(cfg), num_hidden_layers=cfg.get("num_hidden_layers"),
                       num_target_layers=cfg.get("num_target_layers"), target_layer_ids=dflash["target_layer_ids"],
@@ -214,39 +228,6 @@ def _qwen3_rope(params: Mapping[str, Any] | None, theta: float, max_positions: i
     return dict(Qwen3Config(rope_parameters=params, max_position_embeddings=max_positions).rope_parameters)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]  # cos/sin (S, L, D) broadcast over heads
-
-
-class DraftAttention(Qwen3Attention):
-    """Qwen3's attention projections; queries from the block tokens, keys/values from [context ; block tokens]."""
-
-    def forward(self, x: torch.Tensor, context: torch.Tensor, q_rope: tuple, k_rope: tuple,
-                masks: AttentionMasks | None) -> torch.Tensor:
-        s, q_len, _ = x.shape
-        kv_in = torch.cat([context, x], dim=1)  # (S, C+Q, H)
-        q = self.q_norm(self.q_proj(x).view(s, q_len, -1, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(kv_in).view(s, kv_in.shape[1], -1, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(kv_in).view(s, kv_in.shape[1], -1, self.head_dim).transpose(1, 2)
-        q = _rotate(q, *q_rope)  # (S, heads, Q, D)
-        k = _rotate(k, *k_rope)  # (S, kv_heads, C+Q, D)
-        out = attend(q, k, v, masks, self.layer_type)  # (S, heads, Q, D)
-        return self.o_proj(out.transpose(1, 2).reshape(s, q_len, -1))
-
-
-class DraftLayer(nn.Module):
-    def __init__(self, config: Qwen3Config, layer_idx: int) -> None:
-        super().__init__()
-        self.self_attn = DraftAttention(config, layer_idx)
-        self.mlp = Qwen3MLP(config)
-        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x, context, q_rope, k_rope, masks):
-        x = x + self.self_attn(self.input_layernorm(x), context, q_rope, k_rope, masks)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
 class DFlashDrafter(nn.Module):
     """DFlash draft model over a frozen target embedding and LM head."""
 
@@ -260,12 +241,7 @@ class DFlashDrafter(nn.Module):
         if config.mask_token_id >= rows:
             raise ValueError(f"mask_token_id {config.mask_token_id} is outside the target embedding ({rows} rows)")
         self.config = config
-        qwen3 = config.qwen3_config()
-        self.layers = nn.ModuleList(DraftLayer(qwen3, i) for i in range(config.num_hidden_layers))
-        self.norm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.fc = nn.Linear(config.num_context_features * config.hidden_size, config.hidden_size, bias=False)
-        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = Qwen3RotaryEmbedding(qwen3)
+        add_draft_modules(self, config.qwen3_config(), config.num_context_features)
         embed_tokens.requires_grad_(False)
         lm_head.requires_grad_(False)
         self._target = (embed_tokens, lm_head)  # a tuple: frozen and not registered
@@ -328,16 +304,10 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"target_hidden has width {target_hidden.shape[-1]}; expected "
                              f"{self.fc.in_features} = {self.config.num_context_features} layers x "
                              f"{self.config.hidden_size}")
-        x = self.embed_block(block_ids).to(self.fc.weight.dtype)  # (S, Q, H)
-        context = self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))  # (S, C, H)
         if context_positions.dim() == 1:
             context_positions = context_positions.expand(s, -1)
-        cos, sin = self.rotary(x, torch.cat([context_positions, block_positions], dim=1))  # (S, C+Q, D)
-        q_len = block_positions.shape[1]
-        k_rope, q_rope = (cos, sin), (cos[:, -q_len:], sin[:, -q_len:])
-        for layer in self.layers:
-            x = layer(x, context, q_rope, k_rope, masks)
-        return self.norm(x)
+        return draft_hidden(self, self.embed_block(block_ids), target_hidden, context_positions, block_positions,
+                            attention_fn(masks))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden.to(self.lm_head.weight.dtype))

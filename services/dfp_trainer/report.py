@@ -1,7 +1,10 @@
 """End of a run: export the drafter, evaluate it (trained vs untrained), write the report.
 
-Outputs under the run's output prefix: ``drafter/`` (the export the DFlash reference loads),
-``report.json`` (``evaluation``: τ of both drafters by speculative decoding on the held-out prompts,
+Outputs under the run's output prefix: ``drafter/`` (the z-lab export: the DFlash reference, vLLM, SGLang
+and transformers' ``AutoModel`` load it), ``drafter-speculators/`` (vLLM's speculators layout, when
+exported), ``report.json`` (``exports``; ``serving``: the vLLM / SGLang command lines and a transformers
+snippet for the export;
+``evaluation``: τ of both drafters by speculative decoding on the held-out prompts,
 and ``heldout_trained`` / ``heldout_untrained``: loss, accuracy and accuracy per block position on the
 held-out samples; ``summary``: the training-batch loss and accuracy of the last steps, throughput,
 data-wait and communication shares; ``tau_curve``: τ over training steps), ``loss_curve.png``,
@@ -21,8 +24,10 @@ from dfp_shared.stop_tokens import stop_token_ids
 from dfp_shared.storage import open_store
 
 from . import export
+from .distributed import unwrap
 from .evaluate import acceptance
 from .heldout import evaluate_heldout, initial_weights
+from .serving import local_path, serving_commands
 from .settings import scratch_dir
 
 log = logging.getLogger(__name__)
@@ -155,12 +160,13 @@ def finish_run(setup, drafter, history: list[dict], summary: dict) -> dict:
     config = setup.config
     spec = config.spec
     out = open_store(spec.output, endpoint_url=config.settings.s3_endpoint_url)
-    with scratch_dir(config.settings.work_dir, "dflash-export-") as tmp:
-        export.export_drafter(drafter, tmp)
-        files = [p for p in Path(tmp).rglob("*") if p.is_file()]
-        out.put_many([(f"drafter/{p.relative_to(tmp).as_posix()}", p.read_bytes()) for p in files])
+    base = spec.output.rstrip("/")
+    exported = export_layouts(setup, drafter, out)
+    uris = {layout: f"{base}/{prefix}/" for layout, prefix in exported.items()}
+    serving = serving_commands(unwrap(drafter).config, spec.target, uris["zlab"], uris.get("speculators"))
     report = {"summary": summary, "spec": spec.model_dump(mode="json"), "target_layer_ids": setup.layer_ids,
-              "enable_thinking": spec.enable_thinking, "dataset_thinking": setup.dataset.thinking}
+              "enable_thinking": spec.enable_thinking, "dataset_thinking": setup.dataset.thinking,
+              "exports": uris, "serving": serving}
     if config.evaluate and spec.eval_prompts:
         report["evaluation"] = {**evaluate_drafters(setup, drafter), **evaluate_heldout(setup, drafter)}
     report["history"] = [{k: v for k, v in r.items() if k != "per_position_accuracy"} for r in history]
@@ -171,11 +177,34 @@ def finish_run(setup, drafter, history: list[dict], summary: dict) -> dict:
         report["tau_curve"] = [{"step": step, "tau": tau} for step, tau in taus]
         plots.append(("tau_curve.png", plot_tau(taus)))
     out.put_many([("report.json", json.dumps(report, indent=1).encode()), *plots])
-    base = spec.output.rstrip("/")
     results = headline(summary, report.get("evaluation", {}))
     log.info("training finished", extra={k: v for k, v in results.items() if v is not None})
-    return {"drafter": base + "/drafter/", "report": base + "/report.json",
-            "plots": [f"{base}/{name}" for name, _ in plots], **results}
+    return {"drafter": uris["zlab"], **({"drafter_speculators": uris["speculators"]} if "speculators" in uris else {}),
+            "report": base + "/report.json", "plots": [f"{base}/{name}" for name, _ in plots], "serving": serving,
+            **results}
+
+
+EXPORT_PREFIXES = {"zlab": "drafter", "speculators": "drafter-speculators"}
+
+
+def export_layouts(setup, drafter, out) -> dict[str, str]:
+    """Write each export layout the spec asks for under the output prefix; layout -> its prefix there.
+    The z-lab layout is always written: the report, the evaluate job and the serving commands read it."""
+    spec = setup.config.spec
+    layouts = ["zlab", *(x for x in spec.export_layouts() if x != "zlab")]
+    target_config = json.loads((Path(setup.model_dir) / "config.json").read_text())
+    written = {}
+    for layout in layouts:
+        with scratch_dir(setup.config.settings.work_dir, "dflash-export-") as tmp:
+            if layout == "zlab":
+                export.export_drafter(drafter, tmp)
+            else:
+                export.export_speculators(drafter, tmp, local_path(spec.target), target_config.get("architectures"))
+            prefix = EXPORT_PREFIXES[layout]
+            files = [p for p in Path(tmp).rglob("*") if p.is_file()]
+            out.put_many([(f"{prefix}/{p.relative_to(tmp).as_posix()}", p.read_bytes()) for p in files])
+        written[layout] = prefix
+    return written
 
 
 def headline(summary: dict, evaluation: dict) -> dict:

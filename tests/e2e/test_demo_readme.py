@@ -53,6 +53,9 @@ def test_make_demo_in_a_new_virtual_environment(tmp_path):
     assert (train / "loss_curve.png").stat().st_size > 1000
     assert (train / "position_accuracy.png").stat().st_size > 1000
     assert json.loads((train / "drafter" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+    assert (train / "drafter" / "modeling_dflash.py").exists()
+    assert "speculators_config" in json.loads((train / "drafter-speculators" / "config.json").read_text())
+    assert "vllm serve" in log and "--speculative-algorithm DFLASH" in log and "AutoModel.from_pretrained" in log
     assert list((repo / "demo-output" / "store" / "generate" / "completions").glob("shard-*.jsonl"))
     assert (repo / "demo-output" / "store" / "tokens" / "manifest.json").exists()
     leftovers = subprocess.run(["pgrep", "-f", str(repo)], capture_output=True, text=True).stdout.split()

@@ -33,15 +33,17 @@ def test_export_is_in_reference_format_and_round_trips(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
     assert config["block_size"] == 4 and config["num_target_layers"] == 8
-    assert config["dflash_config"] == {"mask_token_id": 99, "target_layer_ids": [1, 4], "block_size": 4}
+    assert config["dflash_config"] == {"mask_token_id": 99, "target_layer_ids": [1, 4], "block_size": 4,
+                                       "swa_window_size": 8}
     assert config["layer_types"] == ["sliding_attention", "full_attention"] and config["sliding_window"] == 8
-    assert config["is_causal"] is False and config["tie_word_embeddings"] is False
+    assert "is_causal" not in config and config["dflash_config"]["swa_window_size"] == 8
+    assert config["tie_word_embeddings"] is False
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())
     assert names == set(drafter.state_dict())
     assert not any("embed" in n or "lm_head" in n for n in names)
     assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.1.self_attn.k_norm.weight"} <= names
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "modeling_dflash.py"]
 
     loaded = load_exported(out, drafter.embed_tokens, drafter.lm_head)
     assert loaded.config == drafter.config
@@ -87,3 +89,55 @@ def test_load_exported_bad_directories(tmp_path):
     (out / "config.json").write_text("{\n  \"architectures\": [\n")
     with pytest.raises(ValueError, match="config.json: line 3: not valid JSON"):
         load_exported(out, embed, head)
+
+
+_AUTOMODEL_SCRIPT = """
+import sys
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModel
+drafter = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True)
+assert type(drafter).__name__ == "DFlashDraftModel", type(drafter)
+x = load_file(sys.argv[2])
+with torch.no_grad():
+    hidden = drafter(x["noise_embedding"], x["target_hidden"], x["position_ids"])
+save_file({"logits": hidden @ x["lm_head"].T}, sys.argv[3])
+"""
+
+
+@pytest.mark.parametrize("layer_types, window", [(None, None), (["sliding_attention", "full_attention"], 3)])
+def test_automodel_loads_the_export_in_a_fresh_process(tmp_path, layer_types, window):
+    """transformers' AutoModel (trust_remote_code) builds the export's own modeling file: same draft logits
+    as the project's drafter decoding the same block, sliding layers included."""
+    import ast
+    import os
+    import subprocess
+    import sys
+
+    from dfp_trainer.attention import decode_masks
+
+    drafter = small_drafter(layer_types=layer_types or [], sliding_window=window)
+    out = export_drafter(drafter, tmp_path / "drafter")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "modeling_dflash.py"]
+    imported = {n.names[0].name.split(".")[0] if isinstance(n, ast.Import) else (n.module or "").split(".")[0]
+                for n in ast.walk(ast.parse((out / "modeling_dflash.py").read_text()))
+                if isinstance(n, ast.Import | ast.ImportFrom)}
+    assert imported <= {"__future__", "torch", "transformers"}, imported
+
+    cfg = drafter.config
+    torch.manual_seed(7)
+    anchor, ctx = 9, torch.arange(9)
+    block = torch.full((1, cfg.block_size), cfg.mask_token_id)
+    block[0, 0] = 5
+    feats, pos = torch.randn(1, 9, 64), (anchor + torch.arange(cfg.block_size))[None]
+    masks = decode_masks(anchor, ctx, cfg.block_size, cfg.layer_types, cfg.sliding_window)
+    with torch.no_grad():
+        expected = drafter.logits(drafter(block, pos, feats, ctx, masks))
+        inputs = {"noise_embedding": drafter.embed_block(block), "target_hidden": feats,
+                  "position_ids": torch.cat([ctx[None], pos], dim=1), "lm_head": drafter.lm_head.weight.detach()}
+    save_file({k: v.contiguous() for k, v in inputs.items()}, str(tmp_path / "inputs.safetensors"))
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "-c", _AUTOMODEL_SCRIPT, str(out), str(tmp_path / "inputs.safetensors"),
+                    str(tmp_path / "logits.safetensors")], check=True, env=env, timeout=300)
+    got = load_file(str(tmp_path / "logits.safetensors"))["logits"]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

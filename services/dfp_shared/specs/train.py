@@ -13,6 +13,8 @@ from ._names import endpoint_name, refuse_removed
 LayerType = Literal["full_attention", "sliding_attention"]
 """The draft layers' attention kinds: the one list of their names (others read it with ``typing.get_args``)."""
 FULL, SLIDING = get_args(LayerType)
+ExportLayout = Literal["zlab", "speculators"]
+"""Layouts of the drafter export: the DFlash reference's (``drafter/``) and vLLM's speculators (``drafter-speculators/``)."""
 TargetEndpointName = endpoint_name("hidden-state target")
 LayerId = Annotated[int, Field(ge=0, le=1023)]
 
@@ -86,6 +88,11 @@ class TrainSpec(BaseModel):
                                                          "accuracy, and τ with an in-process target, on at most 4 held-out "
                                                          "samples), {}; unset: only "
                                                          "the final one. Needs eval_prompts > 0.")
+    exports: list[ExportLayout] | None = Field(
+        None, min_length=1, max_length=2,
+        description="Export layouts: `zlab` (drafter/, always written: the DFlash reference's, for vLLM, SGLang "
+                    "and transformers' AutoModel) and `speculators` (drafter-speculators/: vLLM's native format, "
+                    "all-full or all-sliding drafters only); unset: every layout the layer types allow.")
     enable_thinking: bool = Field(True, description="Thinking mode the drafter serves in; must match the mode the "
                                                     "dataset was tokenized in (its manifest's `thinking`).")
 
@@ -100,6 +107,19 @@ class TrainSpec(BaseModel):
         if self.eval_every is not None and not self.eval_prompts:
             raise ValueError("eval_every needs held-out samples: set eval_prompts > 0")
         return self
+
+    @model_validator(mode="after")
+    def _exports_serve_the_layout(self) -> TrainSpec:
+        if self.exports and "speculators" in self.exports and len(set(self.layer_types or [FULL])) > 1:
+            raise ValueError("exports: the speculators layout cannot serve a drafter that mixes full and sliding "
+                             "layers (vLLM reads one causality flag for every layer); export only zlab")
+        return self
+
+    def export_layouts(self) -> list[str]:
+        """The layouts to export: the spec's, or every one the layer types allow."""
+        if self.exports:
+            return list(dict.fromkeys(self.exports))
+        return ["zlab"] + (["speculators"] if len(set(self.layer_types or [FULL])) == 1 else [])
 
     @field_validator("layer_types")
     @classmethod

@@ -1,0 +1,37 @@
+"""A hybrid target (Qwen3.5-style: linear- and full-attention layers) through every stage of the
+demo-sized pipeline: generation, tokenization, hidden states over gRPC, training, τ and export."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.cli import ROOT
+
+
+@pytest.mark.timeout(900)
+def test_demo_pipeline_on_a_hybrid_target(tmp_path):
+    out = tmp_path / "demo"
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT / "services")}
+    run = subprocess.run([sys.executable, "-m", "dfp_cli.main", "demo", "--out", str(out), "--hybrid-target",
+                          "--prompts", "12", "--max-new-tokens", "24", "--train-steps", "6"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=850)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-6000:]
+    store = out / "store"
+    target = json.loads((store / "models" / "tiny-qwen3_5" / "config.json").read_text())
+    assert {"linear_attention", "full_attention"} <= set(target["layer_types"])
+    completions = [json.loads(line) for f in sorted((store / "generate" / "completions").glob("*.jsonl"))
+                   for line in f.read_text().splitlines()]
+    assert len(completions) == 12
+    assert json.loads((store / "tokens" / "manifest.json").read_text())["num_samples"] > 0
+    report = json.loads((store / "train" / "report.json").read_text())
+    assert report["evaluation"]["tau_trained"] >= 1.0 and report["history"]
+    drafter = json.loads((store / "train" / "drafter" / "config.json").read_text())
+    assert drafter["num_target_layers"] == target["num_hidden_layers"]
+    assert (store / "train" / "drafter-speculators" / "config.json").exists()
+    assert "vllm serve" in log and "speculative-config" in log

@@ -31,6 +31,8 @@ def worker(settings: TrainerSettings, max_tasks, idle_exit):
     from .worker import TrainHandler
 
     r = connect(settings.redis_url)
+    if settings.nproc_per_node > 1 or settings.nodes > 1:  # torchrun children set the gauges
+        children_gauges(settings)
     if settings.node_rank > 0:  # a member of a trainer group: member 0 claims, this one follows
         from dfp_shared.metrics import start_metrics_server
         from dfp_shared.signals import StopSignals
@@ -43,6 +45,19 @@ def worker(settings: TrainerSettings, max_tasks, idle_exit):
     queue = TaskQueue(r, "train", lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
     worker = Worker(queue, JobStore(r), TrainHandler(settings, r))
     run_worker(worker, settings.metrics_port, max_tasks=max_tasks, idle_exit_s=idle_exit)
+
+
+def children_gauges(settings: TrainerSettings) -> None:
+    """The torchrun children's gauges, served by this worker: a directory of their own for its lifetime."""
+    import atexit
+    import os
+
+    from .gauges import MULTIPROC_ENV, serve_children_gauges
+    from .settings import scratch_dir
+
+    tmp = scratch_dir(settings.work_dir, "dflash-gauges-")
+    atexit.register(tmp.cleanup)
+    os.environ[MULTIPROC_ENV] = str(serve_children_gauges(tmp.name))  # what child_env passes on
 
 
 @group.command()

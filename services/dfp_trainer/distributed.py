@@ -25,6 +25,7 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    node: int = 0  # this rank's node (torchrun's GROUP_RANK): the pod of a trainer group
 
     @property
     def is_main(self) -> bool:
@@ -49,7 +50,32 @@ def init_distributed(device: str = "auto", timeout_s: int = 1800) -> DistInfo:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    return DistInfo(rank, world, local_rank, dev)
+    return DistInfo(rank, world, local_rank, dev, node=int(os.environ.get("GROUP_RANK", "0")))
+
+
+NODE_KEYS = ("tokens_per_s", "data_wait_fraction", "comm_fraction")
+
+
+def node_figures(info: DistInfo, tokens: float, step_s: float, wait_s: float, comm_s: float) -> dict[int, dict]:
+    """Each node's tokens/s (its ranks' tokens over the slowest rank's step time) and mean data-wait and
+    gradient-sync shares of step time, from every rank's figures of one step (a collective call)."""
+    mine = torch.tensor([float(info.node), tokens, step_s, wait_s, comm_s], dtype=torch.float64)
+    if info.distributed:
+        rows = [torch.zeros_like(mine) for _ in range(info.world_size)]
+        dist.all_gather(rows, mine.to(info.device) if info.device.type == "cuda" else mine)
+        rows = [r.cpu() for r in rows]
+    else:
+        rows = [mine]
+    nodes: dict[int, list] = {}
+    for row in rows:
+        nodes.setdefault(int(row[0]), []).append(row[1:].tolist())
+    out = {}
+    for node, ranks in sorted(nodes.items()):
+        slowest = max(r[1] for r in ranks)
+        out[node] = {"tokens_per_s": sum(r[0] for r in ranks) / slowest if slowest > 0 else 0.0,
+                     "data_wait_fraction": sum(r[2] / r[1] for r in ranks if r[1] > 0) / len(ranks),
+                     "comm_fraction": sum(r[3] / r[1] for r in ranks if r[1] > 0) / len(ranks)}
+    return out
 
 
 def shutdown() -> None:

@@ -6,20 +6,14 @@ from __future__ import annotations
 import logging
 import threading
 
-from prometheus_client import Gauge
-
 from .metrics_log import EVAL_KEYS
 from .train import Hooks
 
 log = logging.getLogger(__name__)
 
-GAUGES = {
-    "step": Gauge("dfp_trainer_step", "Optimiser steps done in the current run"),
-    "loss": Gauge("dfp_trainer_loss", "Training loss of the last step"),
-    "tokens_per_s": Gauge("dfp_trainer_tokens_per_second", "Training tokens per second, all ranks"),
-    "data_wait_fraction": Gauge("dfp_trainer_data_wait_fraction", "Share of step time spent waiting for data"),
-    "comm_fraction": Gauge("dfp_trainer_comm_fraction", "Share of step time with gradient sync in flight"),
-}
+def node_counters(nodes: dict) -> dict:
+    """A trainer group's per-node figures as job counters: ``node<n>_tokens_per_s`` and the like."""
+    return {f"node{n}_{k}": v for n, figures in nodes.items() for k, v in figures.items()}
 
 
 def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event | None = None,
@@ -34,9 +28,6 @@ def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event |
 
     def progress(row: dict) -> None:
         scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "total_steps"}
-        for key, gauge in GAUGES.items():
-            if key in scalars:
-                gauge.set(scalars[key])
         fields = {k: round(v, 6) if isinstance(v, float) else v for k, v in scalars.items()}
         if row.get("per_position_accuracy"):
             fields["per_position_accuracy"] = [round(a, 4) for a in row["per_position_accuracy"]]
@@ -45,7 +36,8 @@ def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event |
             return
         if "total_steps" in row:
             jobs.set_totals(job_id, steps=row["total_steps"])
-        jobs.set_counters(job_id, **{("steps" if k == "step" else k): v for k, v in scalars.items()})
+        jobs.set_counters(job_id, **{("steps" if k == "step" else k): v for k, v in scalars.items()},
+                          **node_counters(row.get("nodes") or {}))
         if "loss" in row:
             jobs.emit(job_id, "progress", {k: v for k, v in row.items() if k != "per_position_accuracy"})
 

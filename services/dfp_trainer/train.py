@@ -23,7 +23,8 @@ from dfp_shared.storage import open_store
 
 from .checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
 from .data import Batch, BatchSampler, collate, micro_batches, rank_share, step_seed
-from .distributed import DistInfo, barrier, broadcast_flag, reduce_metrics, unwrap, wrap_model
+from .distributed import DistInfo, barrier, broadcast_flag, node_figures, reduce_metrics, unwrap, wrap_model
+from .gauges import set_node_gauges
 from .metrics_log import MetricsLog
 from .objective import dflash_loss
 from .prepare import Setup, TrainError, prepare
@@ -196,6 +197,11 @@ def _train(config: RunConfig, info: DistInfo, hooks: Hooks, s: Setup) -> TrainRe
                    "grad_norm": m["grad_norm"], "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
                    "data_wait_fraction": meter.fraction(), "comm_fraction": m["comm_s"] / step_s if step_s else 0.0,
                    "per_position_accuracy": _position_acc(acc, info)}
+            nodes = node_figures(info, acc["tokens"], step_s, waited, comm_s) if info.distributed else {}
+            if info.local_rank == 0:  # this node's figures on its trainer's Prometheus gauges
+                set_node_gauges(nodes.get(info.node) or row, step, row["loss"])
+            if len(nodes) > 1:
+                row["nodes"] = {str(n): figures for n, figures in nodes.items()}
             history.append(row)
             live.step(row, unwrap(model))
             acc = {}

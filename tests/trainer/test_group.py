@@ -106,6 +106,9 @@ def test_two_pods_train_one_job_like_one_pod_and_survive_losing_one(group, tmp_p
     assert rec.counters["steps"] == steps
     for key in ("tokens_per_s", "data_wait_fraction", "comm_fraction"):
         assert key in rec.counters, key
+        for node in (0, 1):  # each pod's own figures beside the group's
+            assert f"node{node}_{key}" in rec.counters, (node, key)
+    assert rec.counters["node0_tokens_per_s"] > 0 and rec.counters["node1_tokens_per_s"] > 0
     assert "joining group run" in group.process(TRAINER, 1).log_path.read_text()  # member 1 trained too
     # succeeded once: one transition into succeeded in the job's events
     states = [data.get("state") for _, kind, data in jobs.events(job_id, count=10_000) if kind == "state"]

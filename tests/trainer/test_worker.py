@@ -143,3 +143,35 @@ def test_a_killed_worker_s_job_resumes_on_another_worker(tmp_path, redis_server,
     steps = [e["step"] for _, kind, e in jobs.events(job.id) if kind == "progress"]
     assert steps[-(8 - killed_at):] == list(range(killed_at + 1, 9))  # continued after the checkpoint
     assert json.loads(ckpts.get("latest.json"))["step"] == 8
+
+
+def test_torchrun_children_serve_the_trainer_gauges(tmp_path, redis_server, redis_client, tiny_qwen3_dir,
+                                                    tiny_dataset):
+    """With two processes per pod the ranks are torchrun children; the worker's /metrics still shows the
+    node's training gauges, which its local rank 0 set (prometheus_client's multiprocess mode)."""
+    import time
+
+    import httpx
+    from dfp_cli.demo_support.local_redis import free_port
+
+    job, _ = submit_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out",
+                                                         steps=4))
+    port = free_port()
+    proc = subprocess.Popen(cli("trainer", "worker", "--redis-url", redis_server.url),
+                            env=subprocess_env(DFLASH_NPROC_PER_NODE=2, DFLASH_METRICS_PORT=port),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        jobs = JobStore(redis_client)
+        deadline = time.monotonic() + 300
+        while jobs.get(job.id).state not in (JobState.succeeded, JobState.failed) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert jobs.get(job.id).state == JobState.succeeded, jobs.get(job.id).error
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+              if line.startswith("dfp_trainer_")}
+    assert values["dfp_trainer_step"] == 4, text
+    assert values["dfp_trainer_tokens_per_second"] > 0 and 0 <= values["dfp_trainer_data_wait_fraction"] <= 1
+    assert "dfp_trainer_comm_fraction" in values

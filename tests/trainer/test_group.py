@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 from dfp_shared.jobs import JobState, JobStore
+from dfp_shared.storage import open_store
 from dfp_shared.submit import submit_job
 from redis import Redis
 
@@ -119,3 +120,45 @@ def test_two_pods_train_one_job_like_one_pod_and_survive_losing_one(group, tmp_p
     step, got = final_weights(spec["output"])
     assert step == steps
     assert_same_weights(got, one_pod_two_processes(tmp_path, {**spec, "output": f"file://{tmp_path}/ref"}))
+
+
+@pytest.mark.parametrize("how", ["cancel", "sigterm"])
+def test_a_cancel_or_sigterm_stops_every_rank_with_one_checkpoint(group, tmp_path, tiny_qwen3_dir, tiny_dataset, how):
+    """Cancelling a group's job, or SIGTERM to the claimant pod: the claimant stops its torchrun, the stop
+    reaches every rank through the group's collective stop flag, rank 0 writes one checkpoint, and no
+    rank of either pod keeps training."""
+    import psutil
+
+    spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/cancelled", steps=500, tokens_per_batch=256,
+                     checkpoint_every=10_000)
+    def ranks() -> list:
+        """torchrun and its ranks, started from this test's pods, wherever they are now (orphans included)."""
+        found = []
+        for proc in psutil.process_iter(["cmdline", "cwd", "status"]):
+            info = proc.info
+            if (info["status"] != psutil.STATUS_ZOMBIE and "dfp_trainer.run" in " ".join(info["cmdline"] or [])
+                    and str(info["cwd"] or "").startswith(str(tmp_path))):
+                found.append(proc)
+        return found
+
+    r = Redis(port=group.service_ports[("dflash-redis", 6379)], decode_responses=True)
+    jobs = JobStore(r)
+    job, _ = submit_job(r, "train", spec)
+    group.start(TRAINER)
+    wait_for(lambda: jobs.get(job.id).counters.get("steps", 0) >= 3, "the group training", group)
+    assert len(ranks()) == 4  # in each pod, torchrun and its one rank
+    if how == "cancel":
+        jobs.cancel(job.id)
+    else:
+        group.kill(TRAINER, 0, sig=15)
+
+    wait_for(lambda: not ranks(), "every rank of both pods to stop", group, timeout=120)
+    ckpts = [k for k in open_store(spec["output"]).list("checkpoints/") if k.endswith("model.safetensors")]
+    stopped_at = json.loads(open_store(spec["output"]).get("checkpoints/latest.json"))["step"]
+    assert len(ckpts) == 1 and 3 <= stopped_at < 500, ckpts
+    # cancelled, or given back to the stream for a later claimant to resume (a SIGTERM is not a failure)
+    assert jobs.get(job.id).state == (JobState.cancelled if how == "cancel" else JobState.running)
+    logs = "".join(group.process(TRAINER, i).log_path.read_text() for i in range(2))
+    assert logs.count('"stopping early: checkpoint written"') >= 1
+    time.sleep(3)  # the member does not train the cancelled job again on its own
+    assert not ranks()

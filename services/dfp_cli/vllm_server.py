@@ -82,6 +82,22 @@ def check_head_dim(model_dir: str | os.PathLike, what: str) -> None:
                          f"(head sizes {', '.join(map(str, CPU_HEAD_SIZES))})")
 
 
+def live_group_members(pgid: int) -> list[int]:
+    """Processes of process group ``pgid`` that still run (zombies awaiting their reaper do not count)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
 class VllmServer:
     """``python -m vllm.entrypoints.openai.api_server`` serving ``model_dir``, optionally with a DFlash drafter."""
 
@@ -146,8 +162,13 @@ class VllmServer:
     def spec_counters(self) -> SpecCounters:
         return parse_spec_counters(httpx.get(f"{self.base_url}/metrics", timeout=30).text)
 
-    def stop(self) -> None:
-        self.group.stop_all(timeout=30.0)
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the server's whole process group and wait until none of its processes runs any more."""
+        mp = self.group.procs.get(self.name)
+        self.group.stop_all(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while mp and live_group_members(mp.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     def __enter__(self) -> VllmServer:
         return self.start()

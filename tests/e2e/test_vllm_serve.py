@@ -157,3 +157,43 @@ def test_serve_check_refuses_a_head_size_vllm_cannot_serve(tiny_qwen3_dir, tmp_p
     (drafter / "config.json").write_text('{"dflash_config": {"block_size": 1}}')
     proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "dflash_config.block_size: expected an integer >= 2, got 1" in proc.stderr
+
+
+METRICS = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 31.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.796365519156943e+09
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 93.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 7.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 1.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 2.0
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_spec_counters_from_the_metrics_page_and_whole_block_counts_agree():
+    from dfp_cli.vllm_server import SpecCounters, parse_spec_counters
+    from dfp_trainer.serve_reference import whole_block_counts
+
+    counters = parse_spec_counters(METRICS)
+    assert (counters.drafts, counters.draft_tokens, counters.accepted) == (31, 93, 7)
+    assert counters.per_position == [4, 2, 1]
+    delta = counters - SpecCounters(10, 30, 2, [1, 1])
+    assert (delta.drafts, delta.accepted, delta.per_position) == (21, 5, [3, 1, 1])
+    assert delta.acceptance_length == pytest.approx(1 + 5 / 21)
+    # steps accepting 0, 0, 1 and 3 drafts of 3: 4 drafts, 4 accepted, position i accepted when k > i
+    counts = whole_block_counts([[2, 1], [0, 0, 0, 1]])
+    assert counts == {"drafts": 4, "accepted": 4, "per_position": [2, 1, 1], "acceptance_length": 2.0}
+
+
+def test_compare_names_the_first_differing_token_and_ignores_the_stop_token():
+    from dfp_cli.serve_check import compare
+
+    reference = {"stop_token_ids": [9], "prompts": [
+        {"prompt_ids": [1, 2], "greedy_ids": [5, 6, 9], "speculative_ids": [5, 6, 9]},
+        {"prompt_ids": [1, 3], "greedy_ids": [5, 6, 7], "speculative_ids": [5, 6, 7]}]}
+    answers = [{"prompt_token_ids": [1, 2], "choices": [{"token_ids": [5, 6]}]},
+               {"prompt_token_ids": [1, 3], "choices": [{"token_ids": [5, 8, 7]}]}]
+    first, second = compare(reference, answers, ["a", "b"])
+    assert first["output_equal"] and first["prompt_equal"] and first["first_difference"] is None
+    assert not second["output_equal"] and second["first_difference"] == 1 and second["speculative_equal"]

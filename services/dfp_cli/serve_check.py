@@ -26,7 +26,7 @@ import click
 import httpx
 
 from .demo_config import DemoConfig
-from .vllm_server import VllmServer, check_head_dim
+from .vllm_server import VllmServer, check_servable
 
 EXIT_DIFFERENT = 1
 
@@ -71,12 +71,16 @@ def load_prompts(prompts: str | None, limit: int) -> tuple[list[list[dict]], lis
     """Messages and ids of the prompts: a JSONL prompt set, or by default the demo's held-out prompts
     (those of its built-in set that ``dflash-pipeline demo`` does not train on)."""
     from dfp_generation.cli import read_prompt_set
+    from dfp_shared.storage import StorageError
 
     skip = 0
     if prompts is None:
         prompts = str(resources.files("dfp_cli").joinpath("demo_prompts.jsonl"))
         skip = DemoConfig.__dataclass_fields__["prompts"].default
-    found, errors = read_prompt_set(prompts, limit=skip + limit)
+    try:
+        found, errors = read_prompt_set(prompts, limit=skip + limit)
+    except StorageError as exc:
+        raise click.UsageError(f"--prompts: {exc}") from None
     if errors:
         first = errors[0]
         raise click.UsageError(f"{first.file}: line {first.line}: {first.reason}"
@@ -202,9 +206,9 @@ def serve_check(target, drafter, prompts, limit, max_new_tokens, thinking, vllm_
 
     block = drafter_block_size(drafter)
     try:
-        check_head_dim(target, "target")
-        check_head_dim(drafter, "drafter")
-    except (ValueError, KeyError, json.JSONDecodeError) as exc:
+        check_servable(target, "target")
+        check_servable(drafter, "drafter")
+    except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if thinking is None:
         thinking = drafter_thinking(drafter)

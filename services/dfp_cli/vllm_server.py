@@ -71,15 +71,39 @@ def parse_spec_counters(text: str) -> SpecCounters:
     return out
 
 
-def check_head_dim(model_dir: str | os.PathLike, what: str) -> None:
-    """Refuse a model whose attention head size vLLM's CPU attention does not serve, naming the file."""
+def read_config(model_dir: str | os.PathLike) -> tuple[Path, dict]:
+    """A model directory's ``config.json`` (its ``text_config`` when it has one), or a ValueError naming the file."""
     path = Path(model_dir) / "config.json"
-    config = json.loads(path.read_text())
-    config = config.get("text_config", config)
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    if int(head_dim) not in CPU_HEAD_SIZES:
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing (not a model directory)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: line {exc.lineno}: invalid JSON: {exc.msg}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return path, config.get("text_config", config)
+
+
+def check_servable(model_dir: str | os.PathLike, what: str) -> None:
+    """Refuse a model vLLM's CPU runner cannot serve, naming the file and the field: an attention head size
+    its CPU attention lacks, or a drafter mixing sliding and full attention layers."""
+    path, config = read_config(model_dir)
+    head_dim = config.get("head_dim")
+    if head_dim is None:
+        try:
+            head_dim = int(config["hidden_size"]) // int(config["num_attention_heads"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            raise ValueError(f"{path}: head_dim: missing, and no hidden_size / num_attention_heads to derive "
+                             "it from") from None
+    if head_dim not in CPU_HEAD_SIZES:
         raise ValueError(f"{path}: head_dim {head_dim} of the {what} is not served by vLLM's CPU attention "
                          f"(head sizes {', '.join(map(str, CPU_HEAD_SIZES))})")
+    kinds = set(config.get("layer_types") or [])
+    if {"sliding_attention", "full_attention"} <= kinds and "dflash_config" in config:
+        raise ValueError(f"{path}: layer_types mixes sliding_attention and full_attention: vLLM's CPU runner "
+                         "refuses such DFlash drafters (Model Runner V1 does not support: mixed sliding/full "
+                         "dflash drafts; the V2 runner they need requires Triton)")
 
 
 def live_group_members(pgid: int) -> list[int]:

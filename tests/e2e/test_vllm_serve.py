@@ -143,21 +143,39 @@ def test_generate_job_with_the_openai_engine_equals_the_transformers_engine(serv
     assert any(m["content"] for m in outputs["openai"].values())
 
 
-def test_serve_check_refuses_a_head_size_vllm_cannot_serve(tiny_qwen3_dir, tmp_path):
-    """The demo's default tiny target (head_dim 16) would kill vLLM's engine: refused before starting it."""
-    drafter = tmp_path / "drafter"
+def test_serve_check_refuses_what_vllms_cpu_runner_cannot_serve_before_starting_it(tiny_qwen3_dir, tmp_path):
+    """The demo's default tiny target (head_dim 16) would kill vLLM's engine at the first request, and a
+    drafter mixing sliding and full layers stops vLLM's start: both refused naming the file and field."""
+    drafter, target = tmp_path / "drafter", tmp_path / "target"
     drafter.mkdir()
-    (drafter / "config.json").write_text(json.dumps({"dflash_config": {"block_size": 4}, "head_dim": 32,
-                                                     "hidden_size": 64, "num_attention_heads": 2}))
-    cmd = [sys.executable, "-m", "dfp_cli.main", "serve-check", "--target", str(tiny_qwen3_dir), "--drafter",
-           str(drafter)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), cwd=ROOT, timeout=120)
+    target.mkdir()
+    config = {"dflash_config": {"block_size": 4}, "head_dim": 32, "hidden_size": 64, "num_attention_heads": 2}
+    (drafter / "config.json").write_text(json.dumps(config))
+    (target / "config.json").write_text(json.dumps({"head_dim": 32}))
+
+    def serve_check(target_dir, *extra):
+        cmd = [sys.executable, "-m", "dfp_cli.main", "serve-check", "--target", str(target_dir), "--drafter",
+               str(drafter), *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), cwd=ROOT, timeout=120)
+
+    proc = serve_check(tiny_qwen3_dir)
     assert proc.returncode == 2
     assert f"{tiny_qwen3_dir}/config.json: head_dim 16 of the target is not served by vLLM's CPU attention" in proc.stderr
+    (drafter / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2, "sliding_window": 8,
+                                                     "layer_types": ["sliding_attention", "full_attention"]}))
+    proc = serve_check(target)
+    assert proc.returncode == 2
+    assert "drafter/config.json: layer_types mixes sliding_attention and full_attention" in proc.stderr
+    assert "mixed sliding/full dflash drafts" in proc.stderr
     (drafter / "config.json").write_text('{"dflash_config": {"block_size": 1}}')
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), cwd=ROOT, timeout=120)
+    proc = serve_check(target)
     assert proc.returncode == 2 and "dflash_config.block_size: expected an integer >= 2, got 1" in proc.stderr
-
+    (drafter / "config.json").write_text(json.dumps(config))
+    proc = serve_check(target, "--prompts", str(tmp_path / "none.jsonl"))
+    assert proc.returncode == 2 and f"--prompts: prompt file {tmp_path}/none.jsonl does not exist" in proc.stderr
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "hi"}\n{"messages": 3}\n')
+    proc = serve_check(target, "--prompts", str(tmp_path / "bad.jsonl"))
+    assert proc.returncode == 2 and "bad.jsonl: line 2: messages: expected a list of messages" in proc.stderr
 
 METRICS = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
 vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 31.0

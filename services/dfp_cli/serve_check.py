@@ -13,6 +13,7 @@ the token budget). The server's process group is stopped at the end. Exit status
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -135,7 +136,10 @@ def reference_decode(check: ServeCheck) -> dict:
     """The project's plain greedy outputs and acceptance counts for the check's prompts (a subprocess)."""
     prompts_file, ref_file = check.work_dir / "prompts.json", check.work_dir / "reference.json"
     prompts_file.write_text(json.dumps(check.prompts))
-    subprocess.run(reference_cmd(check, prompts_file, ref_file), check=True, stdin=subprocess.DEVNULL)
+    services = str(Path(__file__).resolve().parents[1])  # this code's own services, also in the subprocess
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (services, os.environ.get("PYTHONPATH")) if p),
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    subprocess.run(reference_cmd(check, prompts_file, ref_file), check=True, stdin=subprocess.DEVNULL, env=env)
     return json.loads(ref_file.read_text())
 
 

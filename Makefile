@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint install protos bench gpu-check clean
+.PHONY: demo test lint install protos bench gpu-check serve-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,15 @@ bench: $(STAMP)
 # the CUDA paths measured on this machine's GPU in under eight minutes (a CPU rehearsal without one)
 gpu-check: $(STAMP)
 	$(BIN)/python tests/benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+# the exported drafter served by a real vLLM on the CPU (its own cached environment, installed on first
+# use), outputs checked against greedy and acceptance against the project's; by default the drafter of
+# `make demo DEMO_ARGS="--head-dim 32"` (vLLM's CPU attention serves no head size under 32)
+SERVE_TARGET  ?= demo-output/store/models/tiny-qwen3-hd32
+SERVE_DRAFTER ?= demo-output/store/train/drafter
+
+serve-check: $(STAMP)
+	$(BIN)/dflash-pipeline serve-check --target $(SERVE_TARGET) --drafter $(SERVE_DRAFTER) $(SERVE_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache dflash-data demo-output

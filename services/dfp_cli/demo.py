@@ -36,6 +36,10 @@ def demo(out_dir: Path, **flags):
     shows live progress, and ends with the completions, token shards, a trained drafter and an
     evaluation report (acceptance length of the trained vs the untrained drafter).
     """
-    from .demo_run import run_demo
+    from .demo_run import run_demo, tiny_target_heads
 
+    try:
+        tiny_target_heads(flags["head_dim"])
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     raise SystemExit(run_demo(DemoConfig(out_dir=out_dir, **flags)))

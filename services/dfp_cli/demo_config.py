@@ -19,6 +19,8 @@ class DemoConfig:
     prompts: int = flag(32, "Prompts from the built-in set.")  # at most its size
     max_new_tokens: int = flag(96, "Tokens generated per prompt.")  # greedy, by the tiny target
     train_steps: int = flag(150, "Drafter optimiser steps.")
+    head_dim: int = flag(16, "Attention head size of the tiny target (hidden size 64): 16, 32 or 64; "
+                             "vLLM's CPU build serves 32 or more (make serve-check).")
     draft_layers: int = 1  # draft decoder layers
     eval_prompts: int = 8  # held-out prompts of the acceptance-length evaluation
     hybrid_target: bool = flag(False, "A Qwen3.5-style hybrid target (linear- and full-attention layers) instead of "

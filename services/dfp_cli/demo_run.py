@@ -34,6 +34,22 @@ def service_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "dfp_cli.main", *args]
 
 
+TINY_HIDDEN = 64  # hidden size of the demo's tiny target
+
+
+def tiny_target_heads(head_dim: int) -> dict:
+    """Heads of the tiny target for a head size: hidden 64 split into heads (half as many KV heads)."""
+    if head_dim not in (16, 32, 64):
+        raise ValueError(f"--head-dim: expected 16, 32 or 64 (heads of the hidden size {TINY_HIDDEN}), got {head_dim}")
+    heads = TINY_HIDDEN // head_dim
+    return {"hidden_size": TINY_HIDDEN, "head_dim": head_dim, "num_heads": heads, "num_kv_heads": max(1, heads // 2)}
+
+
+def tiny_target_name(head_dim: int, hybrid: bool = False) -> str:
+    base = "tiny-qwen3_5" if hybrid else "tiny-qwen3"
+    return base if head_dim == 16 else f"{base}-hd{head_dim}"
+
+
 def prepare_inputs(cfg: DemoConfig, store_dir: Path) -> tuple[Path, Path]:
     """The tiny target checkpoint and the prompt file, under the store."""
     from .demo_support.qwen3_tokenizer import qwen3_tokenizer_dir
@@ -41,8 +57,8 @@ def prepare_inputs(cfg: DemoConfig, store_dir: Path) -> tuple[Path, Path]:
 
     with console.status("fetching the Qwen3 tokenizer and building the tiny target"):
         tok_dir = qwen3_tokenizer_dir()
-        name = "tiny-qwen3_5" if cfg.hybrid_target else "tiny-qwen3"
-        model_dir = build_tiny_qwen3(store_dir / "models" / name, tok_dir, hybrid=cfg.hybrid_target)
+        model_dir = build_tiny_qwen3(store_dir / "models" / tiny_target_name(cfg.head_dim, cfg.hybrid_target),
+                                     tok_dir, hybrid=cfg.hybrid_target, **tiny_target_heads(cfg.head_dim))
     prompts = resources.files("dfp_cli").joinpath("demo_prompts.jsonl").read_text(encoding="utf-8").splitlines()
     prompt_file = store_dir / "prompts" / "demo.jsonl"
     prompt_file.parent.mkdir(parents=True, exist_ok=True)

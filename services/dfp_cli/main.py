@@ -22,6 +22,7 @@ COMMANDS = {
     "status": "dfp_cli.client:status",
     "cancel": "dfp_cli.client:cancel",
     "demo": "dfp_cli.demo:demo",
+    "serve-check": "dfp_cli.serve_check:serve_check",
 }
 
 HELP = {
@@ -35,6 +36,7 @@ HELP = {
     "status": "Show (or watch) a job's progress.",
     "cancel": "Cancel a job.",
     "demo": "Run the whole pipeline locally on the CPU with a tiny model.",
+    "serve-check": "Serve an exported drafter with a real vLLM and check it against the project.",
 }
 
 

@@ -172,3 +172,18 @@ def iter_prompts(store: ObjectStore, key: str, start: int = 1, end: int | None =
         item = parse_line(raw, key, number, where)
         if item is not None:
             yield item
+
+
+def read_prompt_set(uri: str, endpoint_url: str | None = None, limit: int | None = None
+                    ) -> tuple[list[Prompt], list[PromptError]]:
+    """The prompts (the first ``limit``; None: all) and unreadable lines of a prompt set, in file order."""
+    source = resolve_prompt_set(uri, endpoint_url)
+    store = open_store(source.root, endpoint_url=endpoint_url)
+    prompts, errors = [], []
+    for key in source.keys:
+        for item in iter_prompts(store, key):
+            if isinstance(item, PromptError):
+                errors.append(item)
+            elif limit is None or len(prompts) < limit:
+                prompts.append(item)
+    return prompts, errors

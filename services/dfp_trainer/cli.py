@@ -90,3 +90,31 @@ def train(dataset, target, output, overrides, no_resume, settings: TrainerSettin
     click.echo(json.dumps({"step": result.step, "completed": result.completed, "outputs": result.outputs,
                            "summary": result.summary}))
     raise SystemExit(0 if result.completed else EXIT_STOPPED)
+
+
+@group.command(name="reference-decode")
+@click.option("--target", required=True, type=click.Path(exists=True, file_okay=False), help="Target model directory.")
+@click.option("--drafter", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Exported drafter directory (config.json, model.safetensors).")
+@click.option("--prompts", "prompts_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="JSON file: a list of chat prompts, each a list of {role, content} messages.")
+@click.option("--max-new-tokens", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="Tokens generated per prompt.")
+@click.option("--thinking/--no-thinking", default=True, show_default=True,
+              help="Thinking mode of the chat template (the one the drafter was trained in).")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Where the JSON result goes.")
+def reference_decode(target, drafter, prompts_path, max_new_tokens, thinking, out_path):
+    """Plain greedy outputs and the drafter's acceptance counts by the project's speculative decoding
+    (what a serving engine must reproduce)."""
+    from pathlib import Path
+
+    import torch
+
+    from .serve_reference import reference_decode as decode
+
+    prompts = json.loads(Path(prompts_path).read_text())
+    if not isinstance(prompts, list) or not all(isinstance(p, list) for p in prompts):
+        raise click.UsageError(f"{prompts_path}: expected a JSON list of message lists")
+    torch.set_num_threads(1)  # tiny models gain nothing from more; a serving engine shares the machine
+    result = decode(target, drafter, prompts, max_new_tokens=max_new_tokens, enable_thinking=thinking)
+    Path(out_path).write_text(json.dumps(result))

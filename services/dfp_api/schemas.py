@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Annotated, Any, Literal
 
 from dfp_shared.jobs import JobState
-from dfp_shared.specs import SPECS, GenerateSpec, TokenizeSpec, TrainSpec
+from dfp_shared.specs import SPECS, EvaluateSpec, GenerateSpec, TokenizeSpec, TrainSpec
 from dfp_shared.submit import PIPELINE_WIRING
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -63,9 +63,10 @@ GenerateJobRequest = _job_request("GenerateJob", "generate", GenerateSpec)
 TokenizeJobRequest = _job_request("TokenizeJob", "tokenize", TokenizeSpec)
 TrainJobRequest = _job_request("TrainJob", "train", TrainSpec)
 PipelineJobRequest = _job_request("PipelineJob", "pipeline", PipelineRequestSpec)
+EvaluateJobRequest = _job_request("EvaluateJob", "evaluate", EvaluateSpec)
 
 JobRequest = Annotated[
-    GenerateJobRequest | TokenizeJobRequest | TrainJobRequest | PipelineJobRequest,
+    GenerateJobRequest | TokenizeJobRequest | TrainJobRequest | PipelineJobRequest | EvaluateJobRequest,
     Field(discriminator="type"),
 ]
 

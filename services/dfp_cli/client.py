@@ -57,6 +57,8 @@ def _field_option(name: str, info) -> click.Option:
     if ann is dict or getattr(ann, "__origin__", None) is dict:
         return click.Option([flag, name], multiple=True, metavar="KEY=VALUE",
                             help=f"{help_text} (repeatable KEY=VALUE).")
+    if getattr(ann, "__origin__", None) is list:
+        return click.Option([flag, name], multiple=True, help=f"{help_text} (repeatable).")
     if ann is bool:
         return click.Option([f"{flag}/--no-{name.replace('_', '-')}", name], default=None, help=help_text)
     kind = {int: click.INT, float: click.FLOAT}.get(ann, click.STRING)
@@ -66,7 +68,10 @@ def _field_option(name: str, info) -> click.Option:
 def _submit_command(job_type: str) -> click.Command:
     model = SPECS[job_type]
 
+    lists = {name for name, info in model.model_fields.items() if getattr(info.annotation, "__origin__", None) is list}
+
     def run(api_url, api_key, spec_file, sets, idempotency_key, watch, as_json, **fields):
+        fields = {k: (list(v) or None if k in lists else v) for k, v in fields.items()}  # a repeated flag: a list
         spec = build_spec(spec_file, sets, fields)
         api = Api(api_url, api_key)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
@@ -87,7 +92,7 @@ def _submit_command(job_type: str) -> click.Command:
         *[_field_option(name, info) for name, info in model.model_fields.items()],
     ]
     cmd = click.Command(job_type, params=params, callback=run,
-                        help=f"Submit a {job_type} job (spec fields below, or -f / --set).")
+                        help=f"Submit {'an' if job_type[0] in 'aeiou' else 'a'} {job_type} job (spec fields below, or -f / --set).")
     return api_options(cmd)
 
 
@@ -101,7 +106,7 @@ class _SubmitGroup(click.Group):
 
 @click.group(cls=_SubmitGroup)
 def submit():
-    """Submit a job: generate, tokenize, train or pipeline."""
+    """Submit a job: generate, tokenize, train, pipeline or evaluate."""
 
 
 @click.command()

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from dfp_shared.prompts import Prompt, PromptSource, parse_line, resolve_prompt_set, split_lines
 from dfp_shared.storage import open_store
-
-from .prompts import Prompt, PromptSource, parse_line, resolve_prompt_set, split_lines
 
 
 @dataclass

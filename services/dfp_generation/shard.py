@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from dfp_shared.completions import completion_record, encode_records, errors_key, records_key
+from dfp_shared.prompts import Prompt, PromptError, iter_prompts
 from dfp_shared.specs.generate import GenerateSpec
 from dfp_shared.storage import NotFound, ObjectStore, open_store
 from prometheus_client import Counter
@@ -29,7 +30,6 @@ from prometheus_client import Counter
 from .engines import Engine, GenRequest, GenResult, SamplingParams
 from .engines.base import derive_seed
 from .plan import ShardPlan
-from .prompts import Prompt, PromptError, iter_prompts
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ import redis
 from dfp_shared.completions import MANIFEST, SHARD_COUNTS, build_manifest, shard_entry, write_manifest
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.ownership import OutputClaims
+from dfp_shared.prompts import PROMPT_SUFFIXES
 from dfp_shared.queue import Task, TaskQueue
 from dfp_shared.specs.generate import GenerateSpec
 from dfp_shared.storage import StorageError, open_store
@@ -30,7 +31,6 @@ from .endpoints import resolve as resolve_endpoint
 from .engines import Engine, GenResult
 from .live import ShardProgress
 from .plan import ShardPlan, plan_shards
-from .prompts import PROMPT_SUFFIXES
 from .settings import GenerationSettings
 from .shard import ShardRunner, prune_stale
 

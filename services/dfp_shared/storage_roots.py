@@ -120,7 +120,10 @@ class StorageRoots:
             raise OutsideRoots(f"{prefix}.output: unset (jobs get a per-job prefix when they are submitted)")
         for name in storage_fields(SPECS[job_type]):
             value = data.get(name)
-            if value is not None:
+            if isinstance(value, list):  # a list of URIs (an evaluate job's prompt sets)
+                for i, item in enumerate(value):
+                    self.check(item, f"{prefix}.{name}.{i}")
+            elif value is not None:
                 self.check(value, f"{prefix}.{name}")
 
     def check_inside(self, uri: str, prefix: str, field: str) -> str:

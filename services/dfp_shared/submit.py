@@ -15,7 +15,7 @@ import redis
 
 from .jobs import IllegalTransition, JobRecord, JobState, JobStore
 from .queue import TaskQueue
-from .specs import PRIMARY_UNIT, SPECS, PipelineSpec
+from .specs import PRIMARY_UNIT, SPECS, TASK_STREAM, PipelineSpec
 from .storage_roots import StorageRoots
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def submit_job(r: redis.Redis, job_type: str, spec: dict, *, idempotency_key: st
         jobs.transition(job.id, JobState.running)
         _start_stage(r, job, "generate", dict(spec["generate"]))
     else:
-        TaskQueue(r, job_type).enqueue(job.id, PLAN_KEY, {"plan": True})
+        TaskQueue(r, TASK_STREAM.get(job_type, job_type)).enqueue(job.id, PLAN_KEY, {"plan": True})
     return jobs.get(job.id), True
 
 

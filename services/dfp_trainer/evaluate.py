@@ -6,15 +6,11 @@ token; the drafter proposes B-1 tokens in one forward (context = target features
 position strictly before the anchor); the target verifies ``[anchor, drafts]`` in one forward;
 the longest prefix of drafts equal to the target's argmax is accepted, plus the target's own
 next token. tau = tokens emitted per verify step. The output equals the target's greedy output.
-
-The last block is cut at the token budget by default (no drafts past ``max_new_tokens``);
-``full_blocks=True`` drafts whole blocks to the end, the way vLLM's speculative decoding proposes and
-counts them (its acceptance length is 1 + accepted drafts / verify steps over whole blocks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from dfp_shared import stop_tokens
@@ -36,7 +32,9 @@ def _has_linear_layers(model) -> bool:
 
 
 class _Verifier:
-    """Target forwards over a growing sequence: with a cropped KV cache, or by re-running (hybrid targets)."""
+    """Target forwards over a growing sequence: with a cropped KV cache, or by re-running (hybrid targets).
+
+    With no layer ids the forward returns no features (a proposer that reads none, e.g. n-gram lookup)."""
 
     def __init__(self, target, layer_ids: Sequence[int], use_cache: bool) -> None:
         self.target, self.layer_ids, self.use_cache = target, list(layer_ids), use_cache
@@ -52,36 +50,48 @@ class _Verifier:
             params = inspect.signature(target.forward).parameters
             self.cache_arg = "cache" if "cache" in params else "past_key_values"
 
-    def forward(self, seq: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, seq: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (L, V) and features (L, K*H) of ``seq[start:]`` given ``seq[:start]`` already seen."""
         n = seq.shape[0]
+        hidden = bool(self.layer_ids)
         if self.use_cache:
             extra = self.cache.get_seq_length() - start
             if extra > 0:
                 self.cache.crop(-extra)
             ids, pos = seq[start:][None], torch.arange(start, n, device=seq.device)[None]
-            out = self.target(input_ids=ids, position_ids=pos, use_cache=True, output_hidden_states=True,
+            out = self.target(input_ids=ids, position_ids=pos, use_cache=True, output_hidden_states=hidden,
                               **{self.cache_arg: self.cache})
         else:
-            out = self.target(input_ids=seq[None], output_hidden_states=True, use_cache=False)
+            out = self.target(input_ids=seq[None], output_hidden_states=hidden, use_cache=False)
         logits = out.logits[0, -(n - start):]
+        if not hidden:
+            return logits, None
         feats = target_features(out.hidden_states, self.layer_ids)[0, -(n - start):]
         return logits, feats
 
 
+Proposer = Callable[[torch.Tensor, "torch.Tensor | None", int], torch.Tensor]
+"""``propose(seq, context, n)``: at most ``n`` draft tokens to follow ``seq`` (1-D ids, its last token the
+anchor); ``context`` holds the target's features of every position before the anchor (None when the
+verifier reads no layers)."""
+
+
 @torch.inference_mode()
-def speculative_decode(drafter, target, prompt_ids: torch.Tensor, *, max_new_tokens: int,
-                       layer_ids: Sequence[int] | None = None, stop_token_ids: Sequence[int] = (),
-                       use_cache: bool | None = None, full_blocks: bool = False) -> dict:
-    """Greedy speculative decoding of one prompt (1-D ids); returns new token ids, tokens per step and
-    the histogram of accepted drafts per step (whole blocks with ``full_blocks``)."""
-    cfg = drafter.config
-    layer_ids = list(layer_ids if layer_ids is not None else cfg.target_layer_ids)
-    if len(layer_ids) != cfg.num_context_features:
-        raise ValueError(f"{len(layer_ids)} layer ids given; the drafter was built for {cfg.num_context_features}")
+def verify_decode(propose: Proposer, target, prompt_ids: torch.Tensor, *, max_new_tokens: int, draft_len: int,
+                  layer_ids: Sequence[int] = (), stop_token_ids: Sequence[int] = (), use_cache: bool | None = None,
+                  whole_blocks: bool = False) -> dict:
+    """Greedy draft-and-verify decoding of one prompt (1-D ids) with any proposer: the one harness.
+
+    Each step the proposer drafts up to ``draft_len`` tokens after the anchor (the last emitted token);
+    the target verifies ``[anchor, drafts]`` in one forward; the longest prefix of drafts equal to its
+    argmax is accepted, plus its own next token, so the output equals the target's greedy output. The
+    drafts are cut to the token budget, unless ``whole_blocks`` (as vLLM drafts: the emitted tokens are
+    cut, the verified block is not). Per step: ``steps`` (tokens emitted, cut at the budget and at a
+    stop token), ``accepted`` (drafts the target accepted, uncut) and ``drafted`` (drafts proposed);
+    ``accepted_hist[a]`` counts steps that accepted ``a`` drafts.
+    """
     if use_cache is None:
         use_cache = not _has_linear_layers(target)
-    dev = prompt_ids.device
     verifier = _Verifier(target, layer_ids, use_cache)
     n_prompt = prompt_ids.shape[0]
     max_len = n_prompt + max_new_tokens
@@ -89,32 +99,62 @@ def speculative_decode(drafter, target, prompt_ids: torch.Tensor, *, max_new_tok
     seq = torch.cat([prompt_ids, logits[-1].argmax().view(1)])  # first token comes from the prefill
     context = feats  # (start, K*H): features of every position before the anchor
     stops = set(int(t) for t in stop_token_ids)
-    steps, hist = [], [0] * cfg.block_size
+    steps, accepted_per_step, drafted_per_step, hist = [], [], [], [0] * (draft_len + 1)
     stopped = int(seq[-1]) in stops
     while seq.shape[0] < max_len and not stopped:
         start = seq.shape[0] - 1  # anchor position
-        vs = cfg.block_size if full_blocks else min(cfg.block_size, max_len - start)
-        block = torch.full((vs,), cfg.mask_token_id, dtype=torch.long, device=dev)
-        block[0] = seq[start]
-        positions = torch.arange(start, start + vs, device=dev)
-        ctx_pos = torch.arange(start, device=dev)
-        masks = decode_masks(start, ctx_pos, vs, cfg.layer_types, cfg.sliding_window)
-        hidden = drafter(block[None], positions[None], context[None], ctx_pos, masks)  # (1, vs, H)
-        block[1:] = drafter.logits(hidden[0, 1:]).argmax(-1)
-        logits, feats = verifier.forward(torch.cat([seq[:start], block]), start)
-        posterior = logits.argmax(-1)  # (vs,)
-        accepted = int((block[1:] == posterior[:-1]).long().cumprod(0).sum())
+        room = draft_len if whole_blocks else min(draft_len, max_len - start - 1)
+        drafts = propose(seq, context, room)[:room].to(seq.device, torch.long)
+        logits, feats = verifier.forward(torch.cat([seq, drafts]), start)
+        posterior = logits.argmax(-1)  # (1 + drafts,)
+        accepted = int((drafts == posterior[:-1]).long().cumprod(0).sum())
         hist[accepted] += 1
-        new = torch.cat([block[1:accepted + 1], posterior[accepted:accepted + 1]])
+        new = torch.cat([drafts[:accepted], posterior[accepted:accepted + 1]])
         new = new[: max_len - seq.shape[0]]
         for i, tok in enumerate(new.tolist()):
             if tok in stops:
                 new, stopped = new[: i + 1], True
                 break
         seq = torch.cat([seq, new])
-        context = torch.cat([context, feats[: new.shape[0]]])  # anchor + accepted drafts are now known
+        if context is not None:
+            context = torch.cat([context, feats[: new.shape[0]]])  # anchor + accepted drafts are now known
         steps.append(int(new.shape[0]))
-    return {"new_ids": seq[n_prompt:].tolist(), "steps": steps, "accepted_hist": hist}
+        accepted_per_step.append(accepted)
+        drafted_per_step.append(int(drafts.shape[0]))
+    return {"new_ids": seq[n_prompt:].tolist(), "steps": steps, "accepted": accepted_per_step,
+            "drafted": drafted_per_step, "accepted_hist": hist}
+
+
+def dflash_proposer(drafter) -> Proposer:
+    """The DFlash drafter as a proposer: one forward over ``[anchor, mask * n]`` with the target's context."""
+    cfg = drafter.config
+
+    def propose(seq: torch.Tensor, context: torch.Tensor | None, n: int) -> torch.Tensor:
+        dev, start = seq.device, seq.shape[0] - 1
+        block = torch.full((n + 1,), cfg.mask_token_id, dtype=torch.long, device=dev)
+        block[0] = seq[start]
+        positions = torch.arange(start, start + n + 1, device=dev)
+        ctx_pos = torch.arange(start, device=dev)
+        masks = decode_masks(start, ctx_pos, n + 1, cfg.layer_types, cfg.sliding_window)
+        hidden = drafter(block[None], positions[None], context[None], ctx_pos, masks)  # (1, n + 1, H)
+        return drafter.logits(hidden[0, 1:]).argmax(-1)
+
+    return propose
+
+
+@torch.inference_mode()
+def speculative_decode(drafter, target, prompt_ids: torch.Tensor, *, max_new_tokens: int,
+                       layer_ids: Sequence[int] | None = None, stop_token_ids: Sequence[int] = (),
+                       use_cache: bool | None = None, whole_blocks: bool = False) -> dict:
+    """Greedy speculative decoding of one prompt (1-D ids) with a DFlash drafter (block size B: B-1
+    drafts per step); returns new token ids, tokens per step and the histogram of accepted drafts."""
+    cfg = drafter.config
+    layer_ids = list(layer_ids if layer_ids is not None else cfg.target_layer_ids)
+    if len(layer_ids) != cfg.num_context_features:
+        raise ValueError(f"{len(layer_ids)} layer ids given; the drafter was built for {cfg.num_context_features}")
+    return verify_decode(dflash_proposer(drafter), target, prompt_ids, max_new_tokens=max_new_tokens,
+                         draft_len=cfg.block_size - 1, layer_ids=layer_ids, stop_token_ids=stop_token_ids,
+                         use_cache=use_cache, whole_blocks=whole_blocks)
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool) -> list[int]:

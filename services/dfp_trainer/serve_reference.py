@@ -59,7 +59,7 @@ def reference_decode(target_dir: str | os.PathLike, drafter_dir: str | os.PathLi
         greedy = _trim_stop(out[0, len(prompt):].tolist(), set(stops))
         cut = speculative_decode(drafter, target, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops)
         full = speculative_decode(drafter, target, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
-                                  full_blocks=True)
+                                  whole_blocks=True)
         cut_tokens, cut_steps = cut_tokens + sum(cut["steps"]), cut_steps + len(cut["steps"])
         hists.append(full["accepted_hist"])
         rows.append({"prompt_ids": prompt, "greedy_ids": greedy, "speculative_ids": full["new_ids"],

@@ -33,6 +33,7 @@ from dfp_shared.submit import finish_job
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
 from .data import DataError
+from .evaluate_worker import EvaluateHandler
 from .group import GroupRuns, TrainLease, rendezvous_args
 from .prepare import TrainError
 from .run import run_local
@@ -42,16 +43,21 @@ log = logging.getLogger(__name__)
 
 
 class TrainHandler:
-    """``handler(task, ctx)`` of the shared worker loop for the ``train`` stream."""
+    """``handler(task, ctx)`` of the shared worker loop for the ``train`` stream (whose ``evaluate`` jobs
+    go to :class:`~.evaluate_worker.EvaluateHandler`)."""
 
     def __init__(self, settings: TrainerSettings, redis_client):
         self.settings = settings
         self.r = redis_client
         self.roots = StorageRoots.from_settings(settings)
         self.claims = OutputClaims(self.roots, settings.s3_endpoint_url)
+        self.evaluate = EvaluateHandler(settings, redis_client, self.roots, self.claims)
 
     def __call__(self, task: Task, ctx: TaskContext) -> None:
         job = ctx.jobs.get(task.job_id)
+        if job.type == "evaluate":
+            self.evaluate(task, ctx)
+            return
         try:
             spec = TrainSpec.model_validate(job.spec)
         except ValueError as exc:

@@ -8,7 +8,7 @@ import pytest
 from dfp_generation.engines.base import derive_seed
 from dfp_generation.engines.openai_engine import parse_retry_after
 from dfp_generation.plan import plan_shards
-from dfp_generation.prompts import (
+from dfp_shared.prompts import (
     Prompt,
     PromptError,
     PromptFileError,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from .evaluate import EvaluateSpec
 from .generate import GenerateSpec
 from .pipeline import PipelineSpec
 from .tokenize import TokenizeSpec
@@ -17,9 +18,14 @@ SPECS: dict[str, type[BaseModel]] = {
     "tokenize": TokenizeSpec,
     "train": TrainSpec,
     "pipeline": PipelineSpec,
+    "evaluate": EvaluateSpec,
 }
 
 # the counter each job type reports its ETA by
-PRIMARY_UNIT = {"generate": "prompts", "tokenize": "files", "train": "steps", "pipeline": "stages"}
+PRIMARY_UNIT = {"generate": "prompts", "tokenize": "files", "train": "steps", "pipeline": "stages", "evaluate": "prompts"}
 
-__all__ = ["SPECS", "PRIMARY_UNIT", "GenerateSpec", "TokenizeSpec", "TrainSpec", "PipelineSpec"]
+# the task stream a job type's plan task goes on, where it is not the type's own: evaluate jobs run on the
+# trainer workers (they hold the target and drafter code)
+TASK_STREAM = {"evaluate": "train"}
+
+__all__ = ["SPECS", "PRIMARY_UNIT", "TASK_STREAM", "EvaluateSpec", "GenerateSpec", "TokenizeSpec", "TrainSpec", "PipelineSpec"]

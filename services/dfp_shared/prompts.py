@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from dfp_shared.storage import NotFound, ObjectStore, StorageError, open_store, split_uri, visible
+from .storage import NotFound, ObjectStore, StorageError, open_store, split_uri, visible
 
 PROMPT_SUFFIXES = (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".ndjson.gz")
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",

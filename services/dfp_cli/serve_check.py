@@ -71,7 +71,7 @@ def drafter_thinking(drafter: Path) -> bool | None:
 def load_prompts(prompts: str | None, limit: int) -> tuple[list[list[dict]], list[str]]:
     """Messages and ids of the prompts: a JSONL prompt set, or by default the demo's held-out prompts
     (those of its built-in set that ``dflash-pipeline demo`` does not train on)."""
-    from dfp_generation.cli import read_prompt_set
+    from dfp_shared.prompts import read_prompt_set
     from dfp_shared.storage import StorageError
 
     skip = 0

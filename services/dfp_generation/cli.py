@@ -7,7 +7,6 @@ import json
 import click
 from dfp_shared.cli_support import idle_exit_option, max_tasks_option, run_worker, with_settings
 
-from .prompts import read_prompt_set  # noqa: F401 - the prompt-set reader `dflash-pipeline serve-check` uses
 from .settings import GenerationSettings
 
 generation_settings = with_settings(GenerationSettings, "generation",

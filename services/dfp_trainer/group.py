@@ -82,6 +82,10 @@ class GroupRuns:
         raw = self.r.get(f"{self.key}:run")
         return json.loads(raw) if raw else None
 
+    def is_current(self, run_id: str) -> bool:
+        run = self.current()
+        return bool(run) and run["run_id"] == run_id
+
     def close(self, run_id: str) -> None:
         """The run is over: members stop relaunching it."""
         run = self.current()

@@ -31,6 +31,7 @@ from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.submit import finish_job
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
+from redis.exceptions import RedisError
 
 from .data import DataError
 from .evaluate_worker import EvaluateHandler
@@ -198,13 +199,23 @@ def follow(settings: TrainerSettings, r, stop: threading.Event) -> None:
             done.add(run["run_id"])
             continue
         log.info("joining group run", extra={"job_id": run["job_id"], "run": run["run_id"]})
-        code, _ = launch(settings, group_args(settings, run["run_id"]), run["spec"], run["job_id"],
-                         ["--group-run", run["run_id"]], stop.is_set)
+        run_id = run["run_id"]
+        code, _ = launch(settings, group_args(settings, run_id), run["spec"], run["job_id"], ["--group-run", run_id],
+                         lambda rid=run_id: stop.is_set() or _run_over(runs, rid))
         if code == 0:
             done.add(run["run_id"])
         else:
             log.warning("group run ended", extra={"job_id": run["job_id"], "run": run["run_id"], "code": code})
             stop.wait(1.0)
+
+
+def _run_over(runs: GroupRuns, run_id: str) -> bool:
+    """The claimant closed the run (or published another): a member still launching it, e.g. waiting at a
+    rendezvous whose host has gone, stops instead of waiting out the rendezvous timeout."""
+    try:
+        return not runs.is_current(run_id)
+    except RedisError:  # Redis away for a moment: keep going, the next poll asks again
+        return False
 
 
 def _allowed(roots: StorageRoots, run: dict) -> bool:

@@ -9,12 +9,23 @@ to be the sequence's token at ``a + k`` (no shift), weighted ``exp(-(k-1)/gamma)
 loss mask at ``a + k`` and by ``a + k < length``; the loss is normalised by the weights. Logits go
 through the frozen LM head in chunks; with several chunks each is recomputed in the backward pass,
 so only one chunk of logits is alive at a time.
+
+``loss="dpace"`` (D-PACE, dynamic position-aware cross-entropy) replaces the fixed decay by weights
+from the drafter's own current confidence in each label, ``q_k = exp(-CE_k)`` (detached): smoothed
+``r_k = (1 - alpha) q_k + alpha``, position k weighs ``w_k = sum_{m >= k} prod_{i <= m} r_i``, the
+derivative of the block's expected accepted length ``sum_m prod_{i <= m} q_i`` with respect to
+``log q_k`` (with the smoothing). A position that is not trained stops the products, as it stops
+acceptance. The weighted sum is normalised by the number of blocks with a trained position, so
+the credit mass (expected accepted length) is kept rather than divided out.
 """
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 import torch.nn.functional as F
+from dfp_shared.specs.train import LossKind
 from torch.utils.checkpoint import checkpoint
 
 from .attention import training_masks
@@ -60,17 +71,35 @@ def block_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, lengths: tor
     return labels, mask.float() * decay
 
 
-def _chunk_loss(hidden: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, lm_head: torch.nn.Module):
+LOSSES = get_args(LossKind)
+
+
+def dpace_weights(ce: torch.Tensor, trained: torch.Tensor, alpha: float) -> torch.Tensor:
+    """D-PACE position weights (blocks, B) from per-position cross-entropy and trained flags, both (blocks, B).
+
+    Position 0 (the anchor) and untrained positions weigh 0; an untrained position also zeroes the
+    products of the positions after it."""
+    conf = torch.where(trained, (1 - alpha) * torch.exp(-ce) + alpha, torch.zeros_like(ce))
+    conf[:, 0] = 1.0  # the anchor is given, not drafted
+    prefix = torch.cumprod(conf[:, 1:], dim=1)  # prod_{i <= m} r_i for m = 1..B-1
+    suffix = prefix.flip(1).cumsum(1).flip(1)  # sum_{m >= k}
+    weights = torch.zeros_like(ce)
+    weights[:, 1:] = suffix
+    return weights * trained
+
+
+def _chunk_loss(hidden: torch.Tensor, labels: torch.Tensor, lm_head: torch.nn.Module):
     logits = lm_head(hidden.to(lm_head.weight.dtype)).float()  # (chunk, V)
     ce = F.cross_entropy(logits, labels, reduction="none")
     correct = (logits.argmax(-1) == labels).float()
-    return (ce * weights).sum(), correct
+    return ce, correct
 
 
 def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float = 7.0, noise_std: float = 0.0,
                 generator: torch.Generator | None = None, logits_chunk: int = 4096,
-                attention_backend: str = "auto") -> tuple[torch.Tensor, dict]:
-    """Weighted block cross-entropy of a batch and its metrics.
+                attention_backend: str = "auto", loss: str = "decay",
+                dpace_alpha: float = 0.5) -> tuple[torch.Tensor, dict]:
+    """Weighted block cross-entropy of a batch and its metrics (``loss``: one of :data:`LOSSES`).
 
     The batch's input_ids (S, T) integer, loss_mask (S, T) 0/1, target_hidden (S, T, K*H) = target
     features of every position, lengths (S,) valid tokens per row. ``generator`` drives anchor sampling
@@ -85,6 +114,8 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     if gamma <= 0 or logits_chunk < 1 or max_anchors < 1:
         raise ValueError(f"gamma ({gamma}), logits_chunk ({logits_chunk}) and max_anchors ({max_anchors}) "
                          f"must be positive")
+    if loss not in LOSSES or not 0 < dpace_alpha <= 1:
+        raise ValueError(f"loss must be one of {LOSSES} (got {loss!r}) and dpace_alpha in (0, 1] (got {dpace_alpha})")
     input_ids = input_ids.long()
     s, t = input_ids.shape
     dev = input_ids.device
@@ -113,22 +144,29 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
         return hidden.sum() * 0.0, _metrics(0.0, 0.0, empty, empty, 0, b)
     hidden = hidden.reshape(s * n * b, -1)
     flat_labels = labels.reshape(-1)
-    total = hidden.new_zeros((), dtype=torch.float32)
+    ce_parts = []
     correct = torch.zeros_like(flat_w)
     for start in range(0, rows.numel(), logits_chunk):
         r = rows[start:start + logits_chunk]
-        args = (hidden[r], flat_labels[r], flat_w[r], model.lm_head)
+        args = (hidden[r], flat_labels[r], model.lm_head)
         if torch.is_grad_enabled() and hidden.requires_grad and rows.numel() > logits_chunk:
-            part, ok = checkpoint(_chunk_loss, *args, use_reentrant=False)
+            ce, ok = checkpoint(_chunk_loss, *args, use_reentrant=False)
         else:
-            part, ok = _chunk_loss(*args)
-        total = total + part
+            ce, ok = _chunk_loss(*args)
+        ce_parts.append(ce)
         correct[r] = ok.detach()
-    weight_sum = flat_w.sum()
-    loss = total / weight_sum
-    trained = (weights > 0).view(s * n, b).float()
-    return loss, _metrics(float(loss.detach()), float(weight_sum), correct.view(s * n, b), trained,
-                          int(valid.sum()), b)
+    ce_rows = torch.cat(ce_parts)
+    trained = (weights > 0).view(s * n, b)
+    if loss == "dpace":
+        full_ce = torch.zeros_like(flat_w)
+        full_ce[rows] = ce_rows.detach()
+        row_w = dpace_weights(full_ce.view(s * n, b), trained, dpace_alpha).reshape(-1)[rows]
+        norm = trained.any(1).sum().to(row_w.dtype)
+    else:
+        row_w, norm = flat_w[rows], flat_w.sum()
+    value = (ce_rows * row_w).sum() / norm
+    return value, _metrics(float(value.detach()), float(norm), correct.view(s * n, b), trained.float(),
+                           int(valid.sum()), b)
 
 
 def _metrics(loss: float, weight_sum: float, correct: torch.Tensor, trained: torch.Tensor, num_blocks: int,

@@ -174,7 +174,8 @@ def _train(config: RunConfig, info: DistInfo, hooks: Hooks, s: Setup) -> TrainRe
             sync = contextlib.nullcontext() if item.last or world == 1 else model.no_sync()
             with sync:
                 loss, metrics = dflash_loss(model, item.batch, max_anchors=spec.max_anchors, gamma=spec.gamma,
-                                            noise_std=spec.noise_std, generator=gen)
+                                            noise_std=spec.noise_std, generator=gen, loss=spec.loss,
+                                            dpace_alpha=spec.dpace_alpha)
                 (loss / accum).backward()
             _accumulate(acc, metrics, tokens=item.batch.num_tokens)
             if not item.last:

@@ -15,6 +15,8 @@ LayerType = Literal["full_attention", "sliding_attention"]
 FULL, SLIDING = get_args(LayerType)
 ExportLayout = Literal["zlab", "speculators"]
 """Layouts of the drafter export: the DFlash reference's (``drafter/``) and vLLM's speculators (``drafter-speculators/``)."""
+LossKind = Literal["decay", "dpace"]
+"""Position weightings of the block cross-entropy: fixed exp(-(k-1)/gamma) decay, or D-PACE (the trainer's objective)."""
 TargetEndpointName = endpoint_name("hidden-state target")
 LayerId = Annotated[int, Field(ge=0, le=1023)]
 
@@ -70,7 +72,13 @@ class TrainSpec(BaseModel):
         description="Target layers read (1..64 indexes, each 0..1023, and below the target's layer count); unset: "
                     "spread over 1..L-3.")
     max_anchors: int = _within(512, 1, 1 << 16, "Anchor positions sampled per sequence per step ({}).")
-    gamma: float = Field(7.0, gt=0, le=1e6, description="Decay of the loss weight over block positions, exp(-(k-1)/gamma).")
+    loss: LossKind = Field("decay", description="Weights of the block positions' cross-entropy: `decay`, fixed "
+                                                 "exp(-(k-1)/gamma); `dpace`, D-PACE, from the drafter's own current "
+                                                 "confidence, the derivative of the block's expected accepted length.")
+    gamma: float = Field(7.0, gt=0, le=1e6, description="Decay of the loss weight over block positions, exp(-(k-1)/gamma) "
+                                                         "(the `decay` loss, and the held-out loss of every run).")
+    dpace_alpha: float = Field(0.5, gt=0, le=1, description="Smoothing of the `dpace` loss's confidences, "
+                                                            "(1-alpha) q + alpha, in (0, 1].")
     noise_std: float = _within(0.0, 0, 100, "Std of Gaussian noise added to target features in training ({}).")
     checkpoint_every: int = Field(500, ge=1, le=MAX_STEPS, description="Steps between checkpoints (one is also written at SIGTERM).")
     keep_checkpoints: int = _within(3, 1, 1000, "Most recent checkpoints kept ({}).")

@@ -174,8 +174,9 @@ def summarise(final: dict, stages: dict, out: Path) -> None:
         counts = ", ".join(f"{u} {v['done']:,.4g}" for u, v in units.items())
         console.print(f"{name:>9}: {record['state']} in {record['progress']['elapsed_s']:.0f}s ({counts})")
     if train.get("tau_trained") is not None:
+        ngram = f", n-gram speculation {train['tau_ngram']:.2f}" if train.get("tau_ngram") is not None else ""
         console.print(f"acceptance length tau: trained [bold]{train['tau_trained']:.2f}[/bold] "
-                      f"vs untrained {train['tau_untrained']:.2f} (tokens per draft-verify step)")
+                      f"vs untrained {train['tau_untrained']:.2f}{ngram} (tokens per draft-verify step)")
     paths = {"completions": stages.get("generate", {}).get("outputs", {}).get("completions"),
              "token shards": stages.get("tokenize", {}).get("outputs", {}).get("dataset"),
              "drafter export": train.get("drafter"), "speculators export": train.get("drafter_speculators"),

@@ -4,7 +4,8 @@ Outputs under the run's output prefix: ``drafter/`` (the z-lab export: the DFlas
 and transformers' ``AutoModel`` load it), ``drafter-speculators/`` (vLLM's speculators layout, when
 exported), ``report.json`` (``exports``; ``serving``: the vLLM / SGLang command lines and a transformers
 snippet for the export;
-``evaluation``: τ of both drafters by speculative decoding on the held-out prompts,
+``evaluation``: τ of both drafters by speculative decoding on the held-out prompts, and of n-gram
+speculation at the same draft length (``tau_ngram``),
 and ``heldout_trained`` / ``heldout_untrained``: loss, accuracy and accuracy per block position on the
 held-out samples; ``summary``: the training-batch loss and accuracy of the last steps, throughput,
 data-wait and communication shares; ``tau_curve``: τ over training steps), ``loss_curve.png``,
@@ -27,8 +28,10 @@ from . import export
 from .distributed import unwrap
 from .evaluate import acceptance
 from .heldout import evaluate_heldout, initial_weights
+from .ngram import ngram_decode
 from .serving import local_path, serving_commands
 from .settings import scratch_dir
+from .tau import tau_figures
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,23 @@ def evaluate_drafters(setup, drafter) -> dict:
     with initial_weights(setup, drafter):
         untrained = _tau_entry(tau_of(setup, drafter, target, prompts))
     trained = _tau_entry(tau_of(setup, drafter, target, prompts))
+    ngram = ngram_tau(setup, target, prompts, drafter.config.block_size - 1)
     return {"tau_trained": float(trained["tau"]), "tau_untrained": float(untrained["tau"]),
-            "eval_prompts": len(prompts), "eval_trained": trained, "eval_untrained": untrained}
+            "tau_ngram": float(ngram["tau"]), "eval_prompts": len(prompts), "eval_trained": trained,
+            "eval_untrained": untrained, "eval_ngram": ngram}
+
+
+def ngram_tau(setup, target, prompts: list[torch.Tensor], draft_len: int) -> dict:
+    """τ of n-gram (prompt-lookup) speculation at the drafter's draft length on the same prompts and
+    settings: what a user gets without a drafter (counted as the drafters' τ)."""
+    dev = next(target.parameters()).device
+    with torch.no_grad():
+        runs = [ngram_decode(target, ids.to(dev), draft_len=draft_len, max_new_tokens=setup.spec.eval_max_new_tokens,
+                             min_n=1, max_n=4, stop_token_ids=stop_token_ids(setup.tokenizer), whole_blocks=False)
+                for ids in prompts]
+    figures = tau_figures(runs, draft_len)
+    return {"tau": figures["tau"], "steps": figures["steps"], "new_tokens": figures["new_tokens"],
+            "per_prompt": [tau_figures([r], draft_len)["tau"] for r in runs]}
 
 
 def verifying_target(setup, drafter):
@@ -209,13 +227,13 @@ def export_layouts(setup, drafter, out) -> dict[str, str]:
 
 def headline(summary: dict, evaluation: dict) -> dict:
     """The run's headline figures (job outputs and the finished log): training-batch loss and accuracy
-    per block position over the last steps, τ trained vs untrained, and the held-out metrics."""
+    per block position over the last steps, τ trained vs untrained vs n-gram, and the held-out metrics."""
     held = evaluation.get("heldout_trained") or {}
     held_before = evaluation.get("heldout_untrained") or {}
     return {"final_loss": summary.get("final_loss_avg"),
             "per_position_accuracy": _rounded(summary.get("per_position_accuracy")),
             "tau_trained": evaluation.get("tau_trained"), "tau_untrained": evaluation.get("tau_untrained"),
-            "heldout_loss": held.get("loss"), "heldout_loss_untrained": held_before.get("loss"),
+            "tau_ngram": evaluation.get("tau_ngram"), "heldout_loss": held.get("loss"), "heldout_loss_untrained": held_before.get("loss"),
             "heldout_accuracy": held.get("accuracy"),
             "heldout_per_position_accuracy": _rounded(held.get("per_position_accuracy"))}
 

@@ -73,6 +73,8 @@ def test_worker_completes_a_train_job_and_reports_progress(redis_server, redis_c
     report = json.loads(out.get("report.json"))
     ev = report["evaluation"]
     assert ev["eval_prompts"] == 2 and ev["tau_trained"] >= 1.0 and ev["tau_untrained"] >= 1.0
+    assert ev["tau_ngram"] >= 1.0 and len(ev["eval_ngram"]["per_prompt"]) == 2  # the baseline on the same prompts
+    assert rec.outputs["tau_ngram"] == ev["tau_ngram"]
     assert len(report["summary"]["per_position_accuracy"]) == spec["block_size"] - 1
     assert len(rec.outputs["per_position_accuracy"]) == spec["block_size"] - 1 and rec.outputs["final_loss"] > 0
     held = ev["heldout_trained"]  # objective metrics on the held-out samples, trained and untrained drafter

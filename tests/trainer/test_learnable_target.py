@@ -67,7 +67,8 @@ def broken(:
     size = records[0]
     assert size.id == "pkg.m:Box.size" and size.summary == "The size of the box."
     assert size.source.startswith("@property\ndef size(self):\n") and size.source.endswith("return 3")
-    assert size.request() == "Write the Python method `Box.size` of module `pkg.m`: The size of the box."
+    assert size.request() == "Write the Python method `def size` of class `Box` in module `pkg.m`: The size of the box."
+    assert records[1].request() == "Write the Python function `def top` of module `pkg.m`: Return x."
     assert size.messages()[1] == {"role": "assistant", "content": size.source}
 
 

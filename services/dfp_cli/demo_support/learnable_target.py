@@ -56,17 +56,17 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    steps: int = 300
-    batch_tokens: int = 2048  # padded tokens per step (sequences of similar length are batched together)
-    lr: float = 3e-3
-    warmup_steps: int = 30
+    steps: int = 700
+    batch_tokens: int = 1024  # padded tokens per step (sequences of similar length are batched together)
+    lr: float = 4e-3
+    warmup_steps: int = 20
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     seed: int = 0
     threads: int = 1  # one intra-op thread: on a shared 2-core machine oversubscription is ~10x slower
     max_answer_tokens: int = 300  # longer assistant turns are left out
-    vocab_cap: int | None = 12000  # keep only records whose tokens are among the corpus's this many most frequent
+    vocab_cap: int | None = 8000  # keep only records whose tokens are among the corpus's this many most frequent
 
 
 @dataclass(frozen=True)
@@ -371,3 +371,38 @@ def greedy_samples(model_dir: str | os.PathLike, prompts: list[dict], max_new_to
                                  eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id)
         out.append(tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=False))
     return out
+
+
+def _build_target_command():
+    import click
+
+    @click.command("build-target")
+    @click.option("--out", "out_root", default=None, help="Directory of built targets [default: the cache dir].")
+    @click.option("--tokenizer-dir", default=None, help="Qwen3 tokenizer directory [default: fetched once].")
+    @click.option("--steps", type=int, default=TrainSettings.steps, show_default=True, help="Training steps.")
+    @click.option("--samples", type=int, default=0, show_default=True,
+                  help="Print this many greedy completions of held-out prompts.")
+    def build_target(out_root, tokenizer_dir, steps, samples):
+        """Build (or find in the cache) the learnable Qwen3 target; print its directory."""
+        from dataclasses import replace
+
+        from dfp_shared.prompts import read_prompt_set
+        from dfp_shared.tokenizer_assets import default_cache_dir
+
+        from .qwen3_tokenizer import qwen3_tokenizer_dir
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+        root = Path(out_root) if out_root else default_cache_dir() / "targets"
+        built = build_learnable_target(root, tokenizer_dir or qwen3_tokenizer_dir(),
+                                       settings=replace(TrainSettings(), steps=steps))
+        click.echo(f"{built.path}  ({'cache hit' if built.hit else 'built'}; final loss {built.info['final_loss']:.3f})")
+        if samples:
+            prompts, _ = read_prompt_set(str(built.held_out_prompts), limit=samples)
+            records = [{"messages": p.messages} for p in prompts]
+            for prompt, text in zip(prompts, greedy_samples(built.path, records), strict=True):
+                click.echo(f"--- {prompt.id}: {prompt.messages[-1]['content']}\n{text}")
+
+    return build_target
+
+
+build_target = _build_target_command()

@@ -48,8 +48,12 @@ class FunctionRecord:
         return module_split(self.module)
 
     def request(self) -> str:
-        kind = "method" if "." in self.qualname else "function"
-        return f"Write the Python {kind} `{self.qualname}` of module `{self.module}`: {self.summary}"
+        """The user's request; ``def name`` is tokenized as in the answer's first line, so it can be copied."""
+        if "." in self.qualname:
+            owner = self.qualname.rsplit(".", 1)[0]
+            return (f"Write the Python method `def {self.name}` of class `{owner}` in module `{self.module}`: "
+                    f"{self.summary}")
+        return f"Write the Python function `def {self.name}` of module `{self.module}`: {self.summary}"
 
     def prompt_messages(self) -> list[dict]:
         return [{"role": "user", "content": self.request()}]

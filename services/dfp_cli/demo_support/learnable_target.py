@@ -13,6 +13,11 @@ exactly 0, and the full-vocabulary softmax is the softmax over U's logits plus o
 
 A build is a pure function of the corpus, the model config, the training settings, the
 tokenizer files and :data:`BUILDER_VERSION`; it is cached under a hash of all of them.
+
+Measured on a 2-core CPU, one thread, 1024-token steps, the default 6 x 128 shape (padded
+tokens per second): the full 151k head and embedding ~220/s; the folded head over the whole
+corpus's U (16.6k ids) ~1.5k/s; over the 8000-id cap (|U| ~5.2k, ~1.5k records) ~3.7k/s. The
+default 700 steps take about three minutes (five passes, final loss ~2.4).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from dfp_shared.tokenizer_assets import MASK_TOKEN, load_tokenizer
 
-from .stdlib_corpus import FunctionRecord, sample_prompts, stdlib_functions, write_prompt_set
+from .stdlib_corpus import FunctionRecord, prompt_records, sample_prompts, stdlib_functions, write_prompt_set
 
 log = logging.getLogger(__name__)
 
@@ -336,10 +341,11 @@ def build_learnable_target(out_root: str | os.PathLike, tokenizer_dir: str | os.
     try:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
-        write_prompt_set(tmp / "prompts" / "train.jsonl", _prompts(kept, "train"))
-        write_prompt_set(tmp / "prompts" / "held-out.jsonl", _prompts(kept, "held-out"))
+        write_prompt_set(tmp / "prompts" / "train.jsonl", prompt_records(kept, "train"))
+        write_prompt_set(tmp / "prompts" / "held-out.jsonl", prompt_records(kept, "held-out"))
         write_prompt_set(tmp / "prompts" / "demo.jsonl", sample_prompts(kept, demo_prompts))
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the target from servers running as other users
         try:
             os.rename(tmp, out)
         except OSError:  # a concurrent build got there first: same hash, same content
@@ -349,10 +355,6 @@ def build_learnable_target(out_root: str | os.PathLike, tokenizer_dir: str | os.
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("learnable target %s built in %.1fs (final loss %.3f)", out, info["build_seconds"], info["final_loss"])
     return LearnableTarget(out, False, info)
-
-
-def _prompts(records, split: str) -> list[dict]:
-    return [{"id": r.id, "messages": r.prompt_messages()} for r in records if r.split == split]
 
 
 def greedy_samples(model_dir: str | os.PathLike, prompts: list[dict], max_new_tokens: int = 256) -> list[str]:

@@ -122,6 +122,26 @@ def test_the_build_is_deterministic_and_cached(tmp_path, qwen3_tokenizer_dir, mo
     read, errors = read_prompt_set(str(first.train_prompts))
     assert not errors and read
 
+    # the saved model's full-vocabulary loss is the folded loss over its non-zero head rows
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(first.path), dtype=torch.float32).eval()
+    record = next(r for r in lt._stdlib_records(300) if r.id == read[0].id)
+    prompt, answer = lt.render_texts(tok, record)
+    p_ids, a_ids = (tok(t, add_special_tokens=False)["input_ids"] for t in (prompt, answer))
+    assert a_ids[-1] == config["eos_token_id"]
+    ids = torch.tensor([p_ids + a_ids])
+    labels = ids.clone()
+    labels[0, :len(p_ids)] = -100
+    used = torch.nonzero(head.abs().sum(dim=1)).squeeze(1)
+    index = torch.full((len(tok),), -1, dtype=torch.long)
+    index[used] = torch.arange(len(used))
+    with torch.no_grad():
+        full = model(input_ids=ids, labels=labels).loss
+        hidden = model.model(input_ids=ids).last_hidden_state[0, len(p_ids) - 1:-1]
+        folded = lt.folded_cross_entropy(hidden @ head[used].T, index[torch.tensor(a_ids)], len(tok) - len(used))
+    assert torch.allclose(full, folded, atol=1e-5), (full, folded)
+
     monkeypatch.undo()
     changed = lt.build_learnable_target(tmp_path / "a", qwen3_tokenizer_dir, max_records=300,
                                         settings=lt.TrainSettings(steps=1, batch_tokens=1024, warmup_steps=1))

@@ -122,12 +122,13 @@ def tokenizer_digest(tokenizer_dir: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def build_hash(records, shape: ModelShape, settings: TrainSettings, tokenizer_dir) -> str:
+def build_hash(records, shape: ModelShape, settings: TrainSettings, tokenizer_dir, demo_prompts: int = 32) -> str:
     h = hashlib.sha256()
     h.update(json.dumps({"version": BUILDER_VERSION, "shape": asdict(shape), "train": asdict(settings),
-                         "tokenizer": tokenizer_digest(tokenizer_dir)}, sort_keys=True).encode())
-    for record in records:
-        h.update(json.dumps(record.to_json(), sort_keys=True, ensure_ascii=False).encode() + b"\n")
+                         "tokenizer": tokenizer_digest(tokenizer_dir), "demo_prompts": demo_prompts},
+                        sort_keys=True).encode())
+    for record in records:  # the conversations themselves, so a change of the request's wording is a new build
+        h.update(json.dumps([record.id, record.messages()], ensure_ascii=False).encode() + b"\n")
     return h.hexdigest()
 
 
@@ -253,7 +254,7 @@ def train(lm: FoldedVocabLM, batches, settings: TrainSettings, log_every: int = 
                              {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95))
     lm.train()
     order: list[int] = []
-    epoch, seen_tokens, window_loss, window_n = 0, 0, 0.0, 0
+    epoch, seen_tokens, window_loss, window_n, window_tokens = 0, 0, 0.0, 0, 0
     start = window_start = time.perf_counter()
     losses = []
     for step in range(settings.steps):
@@ -273,11 +274,12 @@ def train(lm: FoldedVocabLM, batches, settings: TrainSettings, log_every: int = 
         losses.append(loss.item())
         window_loss += losses[-1]
         window_n += 1
+        window_tokens += ids.numel()
         if (step + 1) % log_every == 0 or step + 1 == settings.steps:
             now = time.perf_counter()
             log.info("step %d/%d  loss %.4f  %.0f tokens/s  epoch %d", step + 1, settings.steps,
-                     window_loss / window_n, ids.numel() * window_n / max(now - window_start, 1e-9), epoch)
-            window_loss, window_n, window_start = 0.0, 0, now
+                     window_loss / window_n, window_tokens / max(now - window_start, 1e-9), epoch)
+            window_loss, window_n, window_tokens, window_start = 0.0, 0, 0, now
     elapsed = time.perf_counter() - start
     tail = losses[-max(1, min(50, len(losses) // 5)):]
     return {"final_loss": sum(tail) / len(tail), "last_loss": losses[-1], "train_seconds": round(elapsed, 2),
@@ -305,7 +307,7 @@ def build_learnable_target(out_root: str | os.PathLike, tokenizer_dir: str | os.
 
     hf_logging.disable_progress_bar()
     records = _stdlib_records(max_records)
-    digest = build_hash(records, shape, settings, tokenizer_dir)
+    digest = build_hash(records, shape, settings, tokenizer_dir, demo_prompts)
     root = Path(out_root)
     out = root / target_dir_name(digest)
     if _is_built(out):

@@ -23,6 +23,7 @@ COMMANDS = {
     "cancel": "dfp_cli.client:cancel",
     "demo": "dfp_cli.demo:demo",
     "serve-check": "dfp_cli.serve_check:serve_check",
+    "build-target": "dfp_cli.demo_support.learnable_target:build_target",
 }
 
 HELP = {
@@ -37,6 +38,7 @@ HELP = {
     "cancel": "Cancel a job.",
     "demo": "Run the whole pipeline locally on the CPU with a tiny model.",
     "serve-check": "Serve an exported drafter with a real vLLM and check it against the project.",
+    "build-target": "Build (once, then cached) a small Qwen3 target trained on the standard library.",
 }
 
 

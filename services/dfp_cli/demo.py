@@ -19,8 +19,8 @@ def config_options(fn):
         if isinstance(f.default, bool):
             fn = click.option(name, is_flag=True, default=f.default, help=f.metadata["help"])(fn)
         else:
-            fn = click.option(name, type=type(f.default), default=f.default, show_default=True,
-                              help=f.metadata["help"])(fn)
+            kind = click.Choice(f.metadata["choices"]) if "choices" in f.metadata else type(f.default)
+            fn = click.option(name, type=kind, default=f.default, show_default=True, help=f.metadata["help"])(fn)
     return fn
 
 
@@ -42,4 +42,6 @@ def demo(out_dir: Path, **flags):
         tiny_target_heads(flags["head_dim"])
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if flags["target"] == "learnable" and flags["hybrid_target"]:
+        raise click.UsageError("--hybrid-target builds a tiny random target; the learnable target is a Qwen3")
     raise SystemExit(run_demo(DemoConfig(out_dir=out_dir, **flags)))

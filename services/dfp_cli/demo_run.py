@@ -51,19 +51,52 @@ def tiny_target_name(head_dim: int, hybrid: bool = False) -> str:
 
 
 def prepare_inputs(cfg: DemoConfig, store_dir: Path) -> tuple[Path, Path]:
-    """The tiny target checkpoint and the prompt file, under the store."""
+    """The target checkpoint and the prompt file, under the store."""
     from .demo_support.qwen3_tokenizer import qwen3_tokenizer_dir
     from .demo_support.tiny_target import build_tiny_qwen3
 
-    with console.status("fetching the Qwen3 tokenizer and building the tiny target"):
-        tok_dir = qwen3_tokenizer_dir()
-        model_dir = build_tiny_qwen3(store_dir / "models" / tiny_target_name(cfg.head_dim, cfg.hybrid_target),
-                                     tok_dir, hybrid=cfg.hybrid_target, **tiny_target_heads(cfg.head_dim))
-    prompts = resources.files("dfp_cli").joinpath("demo_prompts.jsonl").read_text(encoding="utf-8").splitlines()
+    if cfg.target == "learnable":
+        model_dir, source = learnable_target(store_dir)
+        prompts = source.read_text(encoding="utf-8").splitlines()
+    else:
+        with console.status("fetching the Qwen3 tokenizer and building the tiny target"):
+            tok_dir = qwen3_tokenizer_dir()
+            model_dir = build_tiny_qwen3(store_dir / "models" / tiny_target_name(cfg.head_dim, cfg.hybrid_target),
+                                         tok_dir, hybrid=cfg.hybrid_target, **tiny_target_heads(cfg.head_dim))
+        prompts = resources.files("dfp_cli").joinpath("demo_prompts.jsonl").read_text(encoding="utf-8").splitlines()
     prompt_file = store_dir / "prompts" / "demo.jsonl"
     prompt_file.parent.mkdir(parents=True, exist_ok=True)
     prompt_file.write_text("\n".join(prompts[: cfg.prompts]) + "\n", encoding="utf-8")
     return model_dir, prompt_file
+
+
+def learnable_target(store_dir: Path) -> tuple[Path, Path]:
+    """The learnable target (built once per machine, in the cache) linked into the store, and its training-split
+    prompts (the held-out split is never the demo's)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .demo_support.learnable_target import build_learnable_target, default_root
+    from .demo_support.qwen3_tokenizer import qwen3_tokenizer_dir
+
+    columns = (TextColumn("building the learnable target (once per machine)"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("steps, loss {task.fields[loss]:.2f}"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("target", total=None, loss=float("nan"))
+        built = build_learnable_target(default_root(), qwen3_tokenizer_dir(), on_step=lambda step, total, loss: bar.update(
+            task, completed=step, total=total, loss=loss))
+    state = "from the cache" if built.hit else f"built in {built.info.get('build_seconds', 0):.0f}s"
+    console.print(f"learnable target {built.path.name} ({state}; training loss {built.info.get('final_loss', 0):.2f})")
+    model_dir = store_dir / "models" / built.path.name
+    if not (model_dir / "config.json").exists():
+        shutil.copytree(built.path, model_dir, copy_function=_link_or_copy, dirs_exist_ok=True)
+    return model_dir, model_dir / "prompts" / "train.jsonl"
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system
+        shutil.copy2(src, dst)
 
 
 def pipeline_spec(cfg: DemoConfig, store_dir: Path, model_dir: Path, prompt_file: Path) -> dict:

@@ -240,7 +240,7 @@ def _lr_at(step: int, settings: TrainSettings) -> float:
     return settings.lr * (settings.min_lr_ratio + (1 - settings.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(lm: FoldedVocabLM, batches, settings: TrainSettings, log_every: int = 25) -> dict:
+def train(lm: FoldedVocabLM, batches, settings: TrainSettings, log_every: int = 25, on_step=None) -> dict:
     """AdamW over a fixed number of steps; batches are visited in a seeded order, reshuffled each epoch."""
     index = torch.full((lm.model.config.vocab_size,), -1, dtype=torch.long)
     index[lm.used] = torch.arange(len(lm.used))
@@ -275,6 +275,8 @@ def train(lm: FoldedVocabLM, batches, settings: TrainSettings, log_every: int = 
         window_loss += losses[-1]
         window_n += 1
         window_tokens += ids.numel()
+        if on_step is not None:
+            on_step(step + 1, settings.steps, losses[-1])
         if (step + 1) % log_every == 0 or step + 1 == settings.steps:
             now = time.perf_counter()
             log.info("step %d/%d  loss %.4f  %.0f tokens/s  epoch %d", step + 1, settings.steps,
@@ -284,6 +286,13 @@ def train(lm: FoldedVocabLM, batches, settings: TrainSettings, log_every: int = 
     tail = losses[-max(1, min(50, len(losses) // 5)):]
     return {"final_loss": sum(tail) / len(tail), "last_loss": losses[-1], "train_seconds": round(elapsed, 2),
             "tokens": seen_tokens, "tokens_per_second": round(seen_tokens / max(elapsed, 1e-9)), "epochs": epoch}
+
+
+def default_root() -> Path:
+    """Where built targets are cached on this machine (shared by the demo, the benchmark and the CLI)."""
+    from dfp_shared.tokenizer_assets import default_cache_dir
+
+    return Path(default_cache_dir()) / "targets"
 
 
 def target_dir_name(digest: str) -> str:
@@ -297,7 +306,7 @@ def _is_built(path: Path) -> bool:
 def build_learnable_target(out_root: str | os.PathLike, tokenizer_dir: str | os.PathLike, *,
                            shape: ModelShape = ModelShape(), settings: TrainSettings = TrainSettings(),
                            max_records: int | None = None, demo_prompts: int = 32,
-                           log_every: int = 25) -> LearnableTarget:
+                           log_every: int = 25, on_step=None) -> LearnableTarget:
     """Build (or find in the cache) the learnable target under ``out_root/learnable-qwen3-<hash>``.
 
     ``max_records`` keeps only the first records of the corpus (for quick builds in tests).
@@ -329,7 +338,7 @@ def build_learnable_target(out_root: str | os.PathLike, tokenizer_dir: str | os.
         torch.manual_seed(settings.seed)
         model = AutoModelForCausalLM.from_config(qwen3_config(tok, shape), dtype=torch.float32)
         lm = FoldedVocabLM(model, used)
-        stats = train(lm, batches, settings, log_every=log_every)
+        stats = train(lm, batches, settings, log_every=log_every, on_step=on_step)
         model = lm.export().eval()
     finally:
         torch.set_num_threads(threads)
@@ -391,12 +400,11 @@ def _build_target_command():
         from dataclasses import replace
 
         from dfp_shared.prompts import read_prompt_set
-        from dfp_shared.tokenizer_assets import default_cache_dir
 
         from .qwen3_tokenizer import qwen3_tokenizer_dir
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-        root = Path(out_root) if out_root else default_cache_dir() / "targets"
+        root = Path(out_root) if out_root else default_root()
         built = build_learnable_target(root, tokenizer_dir or qwen3_tokenizer_dir(),
                                        settings=replace(TrainSettings(), steps=steps))
         click.echo(f"{built.path}  ({'cache hit' if built.hit else 'built'}; final loss {built.info['final_loss']:.3f})")

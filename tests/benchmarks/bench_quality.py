@@ -1,0 +1,233 @@
+"""Drafter quality on a learnable target: τ of the trained DFlash drafter against n-gram speculation.
+
+The whole recipe, each stage the project's own code: the learnable target (a small Qwen3 trained
+on the standard library's functions, :mod:`dfp_cli.demo_support.learnable_target`, built once and
+cached) answers the training prompts greedily (the generation service's transformers engine), the
+completions are tokenized (the tokenizer pool, over a private Redis), a drafter is trained for a
+fixed budget (the trainer, target in process), and both the trained and the untrained drafter are
+evaluated by the evaluate job's code: real greedy speculative decoding on held-out prompts the
+drafter never saw, beside n-gram (prompt-lookup) speculation at the same draft length in the same
+harness (every output equals the target's greedy output).
+
+Project: τ of the trained drafter (tokens per verify step). Baseline: τ of n-gram speculation.
+Limit: the block size (every draft accepted). Also printed: the untrained drafter's τ, the
+acceptance of each draft position, and the wall time of each stage. ``--levers`` trains and
+evaluates one drafter per recipe lever (feature noise, loss decay γ, anchors, block size 16,
+D-PACE) beside the base recipe and prints τ per lever.
+
+Stages are cached under ``--work`` by their inputs, so a second run (or another lever) redoes only
+what changed; a cached stage shows the time it took when it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import _common  # noqa: F401 - import path
+from _common import report
+
+BASE_RECIPE = {"block_size": 8, "gamma": 4.0, "max_anchors": 8, "noise_std": 0.0, "loss": "decay"}
+LEVERS = {
+    "noise_std=0.02": {"noise_std": 0.02},
+    "gamma=7": {"gamma": 7.0},
+    "max_anchors=16": {"max_anchors": 16},
+    "block_size=16": {"block_size": 16, "gamma": 7.0},
+    "loss=dpace": {"loss": "dpace"},
+}
+
+
+def digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+class Stages:
+    """Runs each stage once per input digest; records and prints its wall time."""
+
+    def __init__(self, work: Path):
+        self.work, self.times = work, {}
+
+    def run(self, name: str, key: str, fn) -> Path:
+        out = self.work / f"{name}-{key}"
+        done = out / "stage.json"
+        if done.exists():
+            took = json.loads(done.read_text())["seconds"]
+            print(f"  {name}: cached ({took:.0f} s when it ran)", flush=True)
+        else:
+            began = time.perf_counter()
+            fn(out)
+            took = time.perf_counter() - began
+            out.mkdir(parents=True, exist_ok=True)
+            done.write_text(json.dumps({"seconds": took}))
+            print(f"  {name}: {took:.0f} s", flush=True)
+        self.times[name] = round(took, 1)
+        return out
+
+
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def write_prompts(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def generate(model_dir: Path, prompts: Path, max_new_tokens: int, out: Path) -> None:
+    from dfp_generation.local import run_local
+    from dfp_generation.settings import GenerationSettings
+    from dfp_shared.specs.generate import GenerateSpec
+
+    spec = GenerateSpec.model_validate({
+        "prompts": f"file://{prompts}", "output": f"file://{out}", "model": f"file://{model_dir}",
+        "engine": "transformers", "temperature": 0.0, "max_new_tokens": max_new_tokens, "thinking": True,
+        "shard_size": 64})
+    run_local(spec, GenerationSettings(storage_url=f"file://{out.parent}", generation_batch_size=16))
+
+
+def tokenize(model_dir: Path, completions: Path, out: Path) -> None:
+    from dfp_cli.demo_support.local_redis import RedisServer
+    from dfp_tokenizer.local import run_job
+    from dfp_tokenizer.settings import TokenizerSettings
+
+    redis = RedisServer().start()
+    try:
+        settings = TokenizerSettings(redis_url=redis.url, storage_url=f"file://{out.parent}", processes="1")
+        rec, _ = run_job(settings, {"input": f"file://{completions}/completions/", "output": f"file://{out}",
+                                    "tokenizer": f"file://{model_dir}", "thinking": True, "max_length": 1024,
+                                    "truncation": "truncate"})
+        if rec.state.value != "succeeded":
+            raise RuntimeError(f"tokenize job {rec.state.value}: {rec.error}")
+    finally:
+        redis.stop()
+
+
+def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path) -> None:
+    from dfp_shared.specs.train import TrainSpec
+    from dfp_trainer.run import run_local
+    from dfp_trainer.settings import TrainerSettings
+
+    spec = TrainSpec.model_validate({
+        "dataset": f"file://{dataset}", "target": f"file://{model_dir}", "output": f"file://{out}",
+        "steps": steps, "tokens_per_batch": 1024, "max_length": 512, "num_draft_layers": 2, "lr": 3e-3,
+        "warmup_ratio": 0.05, "checkpoint_every": steps, "eval_prompts": 0, "seed": 0, "exports": ["zlab"],
+        **recipe})
+    result = run_local(spec, TrainerSettings(storage_url=f"file://{out.parent}", target_url="inprocess"), resume=False)
+    if not result.completed:
+        raise RuntimeError("training stopped before its last step")
+
+
+def untrained_export(model_dir: Path, trained: Path, out: Path) -> None:
+    """The drafter the run started from (same config, same seed), exported like a trained one."""
+    import torch
+    from dfp_shared.models import load_causal_lm
+    from dfp_trainer import export
+    from dfp_trainer.model import DFlashDrafter
+
+    target = load_causal_lm(str(model_dir), device="cpu")
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    config = export.load_exported(trained, embed, head).config
+    torch.manual_seed(0)  # the train spec's seed: the run's initialisation
+    export.export_drafter(DFlashDrafter(config, embed, head), out)
+
+
+def evaluate(model_dir: Path, drafter: Path, heldout: Path, prompts: int, max_new_tokens: int, out: Path) -> None:
+    from dfp_shared.specs.evaluate import EvaluateSpec
+    from dfp_trainer.evaluation import evaluate_job
+
+    spec = EvaluateSpec.model_validate({"drafter": f"file://{drafter}", "target": f"file://{model_dir}",
+                                        "prompts": [f"file://{heldout}"], "output": f"file://{out}",
+                                        "max_prompts": prompts, "max_new_tokens": max_new_tokens})
+    evaluate_job(spec, device="cpu")
+
+
+def sets(eval_dir: Path) -> dict:
+    return json.loads((eval_dir / "evaluation.json").read_text())["sets"][0]
+
+
+def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, untrained: bool = True) -> dict:
+    """Train one drafter on the recipe and evaluate it and its untrained start on the held-out prompts."""
+    key = digest(ctx["dataset_key"], recipe, ctx["steps"])
+    print(f"recipe {name}: {recipe}", flush=True)
+    run = stages.run(f"train[{name}]", key, lambda out: train(ctx["model"], ctx["dataset"], recipe, ctx["steps"], out))
+    evaluated = stages.run(f"evaluate[{name}]", digest(key, ctx["eval_key"]), lambda out: evaluate(
+        ctx["model"], run / "drafter", ctx["heldout"], ctx["eval_prompts"], ctx["max_new_tokens"], out))
+    trained, start = sets(evaluated), None
+    if untrained:
+        start = sets(stages.run(f"evaluate-untrained[{name}]", digest(key, ctx["eval_key"], "untrained"), lambda out: (
+            untrained_export(ctx["model"], run / "drafter", out / "drafter"),
+            evaluate(ctx["model"], out / "drafter", ctx["heldout"], ctx["eval_prompts"], ctx["max_new_tokens"], out))))
+    return {"tau": trained["dflash"]["tau"], "tau_vllm": trained["dflash"]["tau_vllm"],
+            "tau_untrained": start["dflash"]["tau"] if start else None, "tau_ngram": trained["ngram"]["tau"],
+            "position_acceptance": [round(p, 3) for p in trained["dflash"]["position_acceptance"]],
+            "ngram_position_acceptance": [round(p, 3) for p in trained["ngram"]["position_acceptance"]],
+            "outputs_equal": all(p["outputs_equal"] for p in trained["per_prompt"]),
+            "block_size": recipe["block_size"], "dflash_tokens_per_s": round(trained["dflash"]["tokens_per_s"], 1),
+            "ngram_tokens_per_s": round(trained["ngram"]["tokens_per_s"], 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                    / "dflash-pipeline" / "bench-quality", help="Cache of every stage's output.")
+    ap.add_argument("--train-prompts", type=int, default=512, help="Prompts the target answers for the drafter's data.")
+    ap.add_argument("--eval-prompts", type=int, default=16, help="Held-out prompts of the evaluation.")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="Tokens per completion and per evaluated prompt.")
+    ap.add_argument("--steps", type=int, default=300, help="Drafter optimiser steps (the fixed training budget).")
+    ap.add_argument("--levers", action="store_true", help="Also train and evaluate one drafter per recipe lever.")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args()
+
+    import torch
+    from dfp_cli.demo_support.learnable_target import build_learnable_target, default_root
+    from dfp_cli.demo_support.qwen3_tokenizer import qwen3_tokenizer_dir
+    from dfp_shared.logs import setup_logging
+
+    setup_logging("INFO", service="bench-quality")  # the stages' progress lines (training: step, loss, tokens/s)
+    torch.set_num_threads(args.threads)
+    work = args.work.resolve()
+    stages = Stages(work)
+    began = time.perf_counter()
+    built = build_learnable_target(default_root(), qwen3_tokenizer_dir())
+    stages.times["target"] = round(time.perf_counter() - began, 1)
+    model = Path(built.path)
+    print(f"  target: {model.name} ({'cached' if built.hit else 'built'}, {stages.times['target']:.0f} s)", flush=True)
+    train_set, heldout_set = (read_records(p) for p in (built.train_prompts, built.held_out_prompts))
+    train_file, heldout_file = work / "prompts" / "train.jsonl", work / "prompts" / "heldout.jsonl"
+    write_prompts(train_file, train_set[: args.train_prompts])
+    write_prompts(heldout_file, heldout_set[: args.eval_prompts])
+
+    gen_key = digest(model.name, train_set[: args.train_prompts], args.max_new_tokens)
+    completions = stages.run("generate", gen_key, lambda out: generate(model, train_file, args.max_new_tokens, out))
+    dataset = stages.run("tokenize", digest(gen_key), lambda out: tokenize(model, completions, out))
+    ctx = {"model": model, "dataset": dataset, "dataset_key": digest(gen_key, "tokens"), "steps": args.steps,
+           "heldout": heldout_file, "eval_prompts": args.eval_prompts, "max_new_tokens": args.max_new_tokens,
+           "eval_key": digest(model.name, heldout_set[: args.eval_prompts], args.max_new_tokens)}
+
+    base = recipe_figures(stages, ctx, "base", BASE_RECIPE)
+    levers = {name: recipe_figures(stages, ctx, name, {**BASE_RECIPE, **change}, untrained=False)
+              for name, change in LEVERS.items()} if args.levers else {}
+    print(f"\nheld-out prompts: {args.eval_prompts}, {args.max_new_tokens} new tokens each; drafter: "
+          f"{args.steps} steps on {args.train_prompts} completions")
+    print(f"{'recipe':>16}  {'tau':>5}  {'untrained':>9}  {'ngram':>5}  per-position acceptance")
+    for name, f in {"base": base, **levers}.items():
+        start = f"{f['tau_untrained']:9.2f}" if f["tau_untrained"] is not None else f"{'-':>9}"
+        print(f"{name:>16}  {f['tau']:5.2f}  {start}  {f['tau_ngram']:5.2f}  "
+              f"{f['position_acceptance']}")
+    print(f"stage wall times (s): {stages.times}")
+    report("quality", "tokens/step", base["tau"], base["tau_ngram"], float(base["block_size"]),
+           tau_untrained=round(base["tau_untrained"], 3), tau_vllm=round(base["tau_vllm"], 3),
+           position_acceptance=base["position_acceptance"],
+           ngram_position_acceptance=base["ngram_position_acceptance"], outputs_equal=base["outputs_equal"],
+           target=model.name, steps=args.steps, train_prompts=args.train_prompts, eval_prompts=args.eval_prompts,
+           stage_seconds=stages.times,
+           levers={n: {k: f[k] for k in ("tau", "tau_vllm", "tau_ngram", "position_acceptance")}
+                   for n, f in levers.items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -179,6 +179,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128, help="Tokens per completion and per evaluated prompt.")
     ap.add_argument("--steps", type=int, default=300, help="Drafter optimiser steps (the fixed training budget).")
     ap.add_argument("--levers", action="store_true", help="Also train and evaluate one drafter per recipe lever.")
+    ap.add_argument("--only", default=None, help=f"Comma-separated levers to run (of {', '.join(LEVERS)}); implies "
+                                                 "--levers. Runs on disjoint levers can share one --work.")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
 
@@ -209,8 +211,12 @@ def main() -> None:
            "eval_key": digest(model.name, heldout_set[: args.eval_prompts], args.max_new_tokens)}
 
     base = recipe_figures(stages, ctx, "base", BASE_RECIPE)
-    levers = {name: recipe_figures(stages, ctx, name, {**BASE_RECIPE, **change}, untrained=False)
-              for name, change in LEVERS.items()} if args.levers else {}
+    chosen = [n for n in args.only.split(",") if n] if args.only else list(LEVERS) if args.levers else []
+    unknown = set(chosen) - set(LEVERS)
+    if unknown:
+        ap.error(f"--only: unknown levers {sorted(unknown)}; choose from {list(LEVERS)}")
+    levers = {name: recipe_figures(stages, ctx, name, {**BASE_RECIPE, **LEVERS[name]}, untrained=False)
+              for name in chosen}
     print(f"\nheld-out prompts: {args.eval_prompts}, {args.max_new_tokens} new tokens each; drafter: "
           f"{args.steps} steps on {args.train_prompts} completions")
     print(f"{'recipe':>16}  {'tau':>5}  {'untrained':>9}  {'ngram':>5}  per-position acceptance")

@@ -52,7 +52,7 @@ class Stages:
         self.work, self.times = work, {}
 
     def run(self, name: str, key: str, fn) -> Path:
-        out = self.work / f"{name}-{key}"
+        out = self.work / f"{name}-{key}"  # no glob characters: engines find weights by globbing the path
         done = out / "stage.json"
         if done.exists():
             took = json.loads(done.read_text())["seconds"]
@@ -153,12 +153,12 @@ def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, untrained
     """Train one drafter on the recipe and evaluate it and its untrained start on the held-out prompts."""
     key = digest(ctx["dataset_key"], recipe, ctx["steps"])
     print(f"recipe {name}: {recipe}", flush=True)
-    run = stages.run(f"train[{name}]", key, lambda out: train(ctx["model"], ctx["dataset"], recipe, ctx["steps"], out))
-    evaluated = stages.run(f"evaluate[{name}]", digest(key, ctx["eval_key"]), lambda out: evaluate(
+    run = stages.run(f"train.{name}", key, lambda out: train(ctx["model"], ctx["dataset"], recipe, ctx["steps"], out))
+    evaluated = stages.run(f"evaluate.{name}", digest(key, ctx["eval_key"]), lambda out: evaluate(
         ctx["model"], run / "drafter", ctx["heldout"], ctx["eval_prompts"], ctx["max_new_tokens"], out))
     trained, start = sets(evaluated), None
     if untrained:
-        start = sets(stages.run(f"evaluate-untrained[{name}]", digest(key, ctx["eval_key"], "untrained"), lambda out: (
+        start = sets(stages.run(f"evaluate-untrained.{name}", digest(key, ctx["eval_key"], "untrained"), lambda out: (
             untrained_export(ctx["model"], run / "drafter", out / "drafter"),
             evaluate(ctx["model"], out / "drafter", ctx["heldout"], ctx["eval_prompts"], ctx["max_new_tokens"], out))))
     return {"tau": trained["dflash"]["tau"], "tau_vllm": trained["dflash"]["tau_vllm"],

@@ -80,8 +80,7 @@ def dpace_weights(ce: torch.Tensor, trained: torch.Tensor, alpha: float) -> torc
     Position 0 (the anchor) and untrained positions weigh 0; an untrained position also zeroes the
     products of the positions after it."""
     conf = torch.where(trained, (1 - alpha) * torch.exp(-ce) + alpha, torch.zeros_like(ce))
-    conf[:, 0] = 1.0  # the anchor is given, not drafted
-    prefix = torch.cumprod(conf[:, 1:], dim=1)  # prod_{i <= m} r_i for m = 1..B-1
+    prefix = torch.cumprod(conf[:, 1:], dim=1)  # prod_{i <= m} r_i for m = 1..B-1 (the anchor is given)
     suffix = prefix.flip(1).cumsum(1).flip(1)  # sum_{m >= k}
     weights = torch.zeros_like(ce)
     weights[:, 1:] = suffix

@@ -31,6 +31,7 @@ from pathlib import Path
 import _common  # noqa: F401 - import path
 from _common import report
 
+SEED = 0  # of every drafter run
 BASE_RECIPE = {"block_size": 8, "gamma": 4.0, "max_anchors": 8, "noise_std": 0.0, "loss": "decay"}
 LEVERS = {
     "noise_std=0.02": {"noise_std": 0.02},
@@ -114,7 +115,7 @@ def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path) -
     spec = TrainSpec.model_validate({
         "dataset": f"file://{dataset}", "target": f"file://{model_dir}", "output": f"file://{out}",
         "steps": steps, "tokens_per_batch": 1024, "max_length": 512, "num_draft_layers": 2, "lr": 3e-3,
-        "warmup_ratio": 0.05, "checkpoint_every": steps, "eval_prompts": 0, "seed": 0, "exports": ["zlab"],
+        "warmup_ratio": 0.05, "checkpoint_every": steps, "eval_prompts": 0, "seed": SEED, "exports": ["zlab"],
         **recipe})
     result = run_local(spec, TrainerSettings(storage_url=f"file://{out.parent}", target_url="inprocess"), resume=False)
     if not result.completed:
@@ -131,7 +132,7 @@ def untrained_export(model_dir: Path, trained: Path, out: Path) -> None:
     target = load_causal_lm(str(model_dir), device="cpu")
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
     config = export.load_exported(trained, embed, head).config
-    torch.manual_seed(0)  # the train spec's seed: the run's initialisation
+    torch.manual_seed(SEED)  # as the trainer initialises a run
     export.export_drafter(DFlashDrafter(config, embed, head), out)
 
 

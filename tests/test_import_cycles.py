@@ -1,4 +1,5 @@
-"""The import graph of services/: no cycle between modules, and no service importing another service.
+"""The import graph of services/: no cycle between modules, no service importing another service, and
+nothing importing the development tooling (dfp_dev) but the umbrella command's guarded registration.
 
 Every import counts, also those inside functions. ``from pkg import name`` imports the submodule
 ``pkg.name`` when there is one, else it goes through ``pkg/__init__``. The generated gRPC code
@@ -14,6 +15,8 @@ SERVICES = Path(__file__).resolve().parents[1] / "services"
 SKIPPED = ("dfp_shared.rpc",)
 SHARED = "dfp_shared"
 UMBRELLA = "dfp_cli"  # the `dflash-pipeline` command: it may import the service CLIs
+DEV = "dfp_dev"  # development and demo tooling: it drives the services, and may import any of them
+DEV_REGISTRY = "dfp_dev.commands"  # what the umbrella imports of DEV, after checking that it is installed
 
 
 def module_files() -> dict[str, Path]:
@@ -96,7 +99,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_imports_inside_functions_and_relative_ones():
     graph = import_graph()
-    assert "dfp_cli.demo_support.tiny_target" in graph["dfp_cli.demo_run"]  # inside a function, relative
+    assert "dfp_dev.targets.tiny" in graph["dfp_dev.demo.run"]  # inside a function, relative
     assert "dfp_shared.storage" in graph["dfp_shared.models"]
     assert not any(m.startswith("dfp_shared.rpc") for m in graph)
 
@@ -112,9 +115,41 @@ def test_services_import_no_other_service_but_the_shared_package():
         own = module.split(".")[0]
         for target in targets:
             other = target.split(".")[0]
-            if other in (own, SHARED):
+            if other in (own, SHARED) or own == DEV:
+                continue
+            if own == UMBRELLA and target == DEV_REGISTRY:
                 continue
             if own == UMBRELLA and target == f"{other}.cli":
                 continue
             wrong.append(f"{module} imports {target}")
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_nothing_imports_the_development_tooling_but_the_umbrellas_registration():
+    wrong = []
+    for module, targets in import_graph().items():
+        own = module.split(".")[0]
+        for target in targets:
+            if own == DEV or target.split(".")[0] != DEV:
+                continue
+            if module == f"{UMBRELLA}.main" and target == DEV_REGISTRY:
+                continue
+            wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_umbrella_imports_the_development_registry_only_once_it_is_found():
+    """dfp_cli.main imports dfp_dev only in a function that asks ``importlib.util.find_spec("dfp_dev")``,
+    so a `dflash-pipeline` without dfp_dev (the images) works, and a broken dfp_dev still fails loudly."""
+    tree = ast.parse((SERVICES / UMBRELLA / "main.py").read_text())
+    guarded = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and f"find_spec('{DEV}')" in ast.unparse(fn):
+            guarded.update(id(node) for node in ast.walk(fn))
+
+    def names(node) -> set[str]:
+        return {name.split(".")[0] for name in (getattr(node, "module", None) or "", *(a.name for a in node.names))}
+
+    imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) and DEV in names(node)]
+    assert imports, "the umbrella no longer registers the development commands"
+    assert all(id(node) in guarded for node in imports), "dfp_dev imported outside the find_spec guard"

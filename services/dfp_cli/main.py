@@ -1,4 +1,6 @@
-"""The ``dflash-pipeline`` command: one subcommand group per service, plus the job client and the demo.
+"""The ``dflash-pipeline`` command: one subcommand group per service, plus the job client, and the
+development commands (demo, serve-check, build-target) of :mod:`dfp_dev` where that package is installed
+(the images leave it out).
 
 Groups are imported lazily so ``--help`` is fast and a service's heavy imports (torch, grpc)
 load only when that service runs.
@@ -7,6 +9,7 @@ load only when that service runs.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import click
 
@@ -21,9 +24,6 @@ COMMANDS = {
     "jobs": "dfp_cli.client:jobs",
     "status": "dfp_cli.client:status",
     "cancel": "dfp_cli.client:cancel",
-    "demo": "dfp_cli.demo:demo",
-    "serve-check": "dfp_cli.serve_check:serve_check",
-    "build-target": "dfp_cli.demo_support.learnable_target:build_target",
 }
 
 HELP = {
@@ -36,18 +36,25 @@ HELP = {
     "jobs": "List jobs.",
     "status": "Show (or watch) a job's progress.",
     "cancel": "Cancel a job.",
-    "demo": "Run the whole pipeline locally on the CPU with a tiny model.",
-    "serve-check": "Serve an exported drafter with a real vLLM and check it against the project.",
-    "build-target": "Build (once, then cached) a small Qwen3 target trained on the standard library.",
 }
+
+
+def commands() -> tuple[dict[str, str], dict[str, str]]:
+    """The command table and its help: the services' and the client's, plus dfp_dev's where it is installed."""
+    if importlib.util.find_spec("dfp_dev") is None:
+        return COMMANDS, HELP
+    from dfp_dev.commands import COMMANDS as DEV_COMMANDS
+    from dfp_dev.commands import HELP as DEV_HELP
+
+    return {**COMMANDS, **DEV_COMMANDS}, {**HELP, **DEV_HELP}
 
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
-        return sorted(COMMANDS)
+        return sorted(commands()[0])
 
     def get_command(self, ctx, name):
-        target = COMMANDS.get(name)
+        target = commands()[0].get(name)
         if target is None:
             return None
         module, attr = target.split(":")
@@ -63,7 +70,8 @@ class LazyGroup(click.Group):
             return unavailable
 
     def format_commands(self, ctx, formatter):
-        rows = [(name, HELP.get(name, "")) for name in self.list_commands(ctx)]
+        helps = commands()[1]
+        rows = [(name, helps.get(name, "")) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

@@ -1,7 +1,7 @@
 """Drafter quality on a learnable target: τ of the trained DFlash drafter against n-gram speculation.
 
 The whole recipe, each stage the project's own code: the learnable target (a small Qwen3 trained
-on the standard library's functions, :mod:`dfp_cli.demo_support.learnable_target`, built once and
+on the standard library's functions, :mod:`dfp_dev.targets.learnable`, built once and
 cached) answers the training prompts greedily (the generation service's transformers engine), the
 completions are tokenized (the tokenizer pool, over a private Redis), a drafter is trained for a
 fixed budget (the trainer, target in process), and both the trained and the untrained drafter are
@@ -91,7 +91,7 @@ def generate(model_dir: Path, prompts: Path, max_new_tokens: int, out: Path) -> 
 
 
 def tokenize(model_dir: Path, completions: Path, out: Path) -> None:
-    from dfp_cli.demo_support.local_redis import RedisServer
+    from dfp_dev.local.redis_server import RedisServer
     from dfp_tokenizer.local import run_job
     from dfp_tokenizer.settings import TokenizerSettings
 
@@ -186,8 +186,8 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from dfp_cli.demo_support.learnable_target import build_learnable_target, default_root
-    from dfp_cli.demo_support.qwen3_tokenizer import qwen3_tokenizer_dir
+    from dfp_dev.targets.learnable import build_learnable_target, default_root
+    from dfp_dev.targets.qwen3_tokenizer import qwen3_tokenizer_dir
     from dfp_shared.logs import setup_logging
 
     setup_logging("INFO", service="bench-quality")  # the stages' progress lines (training: step, loss, tokens/s)

@@ -25,7 +25,7 @@ import multiprocessing as mp
 import time
 
 from _common import report
-from dfp_cli.demo_support.qwen3_tokenizer import qwen3_tokenizer_dir
+from dfp_dev.targets.qwen3_tokenizer import qwen3_tokenizer_dir
 from dfp_shared.specs.tokenize import TokenizeSpec
 from dfp_shared.token_shards import encode_shard
 from dfp_shared.tokenizer_assets import load_tokenizer

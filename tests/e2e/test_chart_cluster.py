@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dfp_cli.demo_support.local_redis import free_port, wait_for_port
+from dfp_dev.local.redis_server import free_port, wait_for_port
 from dfp_shared.queue import GROUP, stream_name
 from dfp_shared.storage import open_store
 from dfp_shared.token_shards import load_dataset

@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 import json
 
-from dfp_cli import demo_run
-from dfp_cli.demo_config import DemoConfig
-from dfp_cli.demo_support import learnable_target as lt
+from dfp_dev.demo import run as demo_run
+from dfp_dev.demo.config import DemoConfig
+from dfp_dev.targets import learnable as lt
 from dfp_shared.prompts import read_prompt_set
 
 QUICK = lt.TrainSettings(steps=4, batch_tokens=1024, warmup_steps=1)

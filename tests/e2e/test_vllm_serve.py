@@ -16,8 +16,8 @@ import sys
 
 import httpx
 import pytest
-from dfp_cli.serve_check import ServeCheck, drafter_block_size, load_prompts, run_check
-from dfp_cli.vllm_server import VllmServer, live_group_members
+from dfp_dev.serving.check import ServeCheck, drafter_block_size, load_prompts, run_check
+from dfp_dev.serving.vllm_server import VllmServer, live_group_members
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
 from dfp_shared.jobs import JobState, JobStore
@@ -40,7 +40,7 @@ def _unavailable(reason: str):
 
 @pytest.fixture(scope="session")  # before the session fixtures the other ones need (tokenizer download)
 def vllm_python(cache_dir):
-    from dfp_cli.vllm_env import VllmInstallError, ensure_env, env_python
+    from dfp_dev.serving.vllm_env import VllmInstallError, ensure_env, env_python
 
     found = env_python(cache_dir)
     if found:
@@ -61,7 +61,7 @@ def vllm_python(cache_dir):
 @pytest.fixture(scope="module")
 def servable_target(tmp_path_factory, qwen3_tokenizer_dir):
     """A tiny Qwen3 whose heads vLLM's CPU attention serves: hidden 64, two query heads of 32, one KV head."""
-    from dfp_cli.demo_support.tiny_target import build_tiny_qwen3
+    from dfp_dev.targets.tiny import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-hd32"), qwen3_tokenizer_dir, hidden_size=64,
                             num_heads=2, num_kv_heads=1, head_dim=32)
@@ -197,7 +197,7 @@ vllm:num_requests_running{engine="0",model_name="m"} 0.0
 
 
 def test_spec_counters_from_the_metrics_page_and_whole_block_counts_agree():
-    from dfp_cli.vllm_server import SpecCounters, parse_spec_counters
+    from dfp_dev.serving.vllm_server import SpecCounters, parse_spec_counters
     from dfp_trainer.serve_reference import whole_block_counts
 
     counters = parse_spec_counters(METRICS)
@@ -212,7 +212,7 @@ def test_spec_counters_from_the_metrics_page_and_whole_block_counts_agree():
 
 
 def test_compare_names_the_first_differing_token_and_ignores_the_stop_token():
-    from dfp_cli.serve_check import compare
+    from dfp_dev.serving.check import compare
 
     reference = {"stop_token_ids": [9], "prompts": [
         {"prompt_ids": [1, 2], "greedy_ids": [5, 6, 9], "speculative_ids": [5, 6, 9]},

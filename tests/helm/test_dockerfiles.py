@@ -108,7 +108,8 @@ def test_every_copied_path_exists_in_the_build_context(dockerfile):
 def test_dockerignore_keeps_the_context_small():
     patterns = _dockerignore()
     for rel in (".venv/bin/python", "tests/conftest.py", ".git/HEAD", "services/dfp_shared/__pycache__/x.pyc",
-                "services/dflash_pipeline.egg-info/PKG-INFO"):
+                "services/dflash_pipeline.egg-info/PKG-INFO", "services/dfp_dev/__init__.py",
+                "services/dfp_dev/demo/prompts.jsonl"):  # development and demo tooling stays out of the images
         assert _ignored(rel, patterns), rel
     for rel in ("pyproject.toml", "README.md", "services/dfp_cli/main.py", "protos/target.proto"):
         assert not _ignored(rel, patterns), rel

@@ -26,8 +26,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dfp_cli.demo_support.local_redis import free_port
-from dfp_cli.demo_support.processes import ProcessGroup
+from dfp_dev.local.processes import ProcessGroup
+from dfp_dev.local.redis_server import free_port
 
 KEEP_MOUNTS = ("/dev/shm",)
 
@@ -182,7 +182,7 @@ class LocalCluster:
             if argv[:1] == ["dflash-pipeline"]:
                 argv = [self.python, "-m", "dfp_cli.main", *argv[1:]]
             if argv[:1] == ["redis-server"]:
-                from dfp_cli.demo_support.local_redis import redis_binary
+                from dfp_dev.local.redis_server import redis_binary
 
                 argv = [redis_binary(), *argv[1:], "--port", str(port_map[6379])]
             run_env = {**self.base_env, **env, **extra_env}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dfp_cli.demo_support.local_redis import RedisServer, free_port, redis_binary, wait_for_port
+from dfp_dev.local.redis_server import RedisServer, free_port, redis_binary, wait_for_port
 
 __all__ = ["MlflowServer", "RedisServer", "S3Server", "free_port", "redis_binary", "wait_for_port"]
 

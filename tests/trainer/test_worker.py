@@ -154,7 +154,7 @@ def test_torchrun_children_serve_the_trainer_gauges(tmp_path, redis_server, redi
     import time
 
     import httpx
-    from dfp_cli.demo_support.local_redis import free_port
+    from dfp_dev.local.redis_server import free_port
 
     job, _ = submit_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out",
                                                          steps=4))

@@ -23,9 +23,9 @@ from pathlib import Path
 from dfp_shared.signals import StopSignals, raise_keyboard_interrupt
 from rich.console import Console
 
-from .demo_config import DemoConfig
-from .demo_support.local_redis import RedisServer, free_port, wait_for_port
-from .demo_support.processes import ProcessGroup
+from ..local.processes import ProcessGroup
+from ..local.redis_server import RedisServer, free_port, wait_for_port
+from .config import DemoConfig
 
 console = Console()
 
@@ -52,8 +52,8 @@ def tiny_target_name(head_dim: int, hybrid: bool = False) -> str:
 
 def prepare_inputs(cfg: DemoConfig, store_dir: Path) -> tuple[Path, Path]:
     """The target checkpoint and the prompt file, under the store."""
-    from .demo_support.qwen3_tokenizer import qwen3_tokenizer_dir
-    from .demo_support.tiny_target import build_tiny_qwen3
+    from ..targets.qwen3_tokenizer import qwen3_tokenizer_dir
+    from ..targets.tiny import build_tiny_qwen3
 
     if cfg.target == "learnable":
         model_dir, source = learnable_target(store_dir)
@@ -63,7 +63,7 @@ def prepare_inputs(cfg: DemoConfig, store_dir: Path) -> tuple[Path, Path]:
             tok_dir = qwen3_tokenizer_dir()
             model_dir = build_tiny_qwen3(store_dir / "models" / tiny_target_name(cfg.head_dim, cfg.hybrid_target),
                                          tok_dir, hybrid=cfg.hybrid_target, **tiny_target_heads(cfg.head_dim))
-        prompts = resources.files("dfp_cli").joinpath("demo_prompts.jsonl").read_text(encoding="utf-8").splitlines()
+        prompts = resources.files("dfp_dev.demo").joinpath("prompts.jsonl").read_text(encoding="utf-8").splitlines()
     prompt_file = store_dir / "prompts" / "demo.jsonl"
     prompt_file.parent.mkdir(parents=True, exist_ok=True)
     prompt_file.write_text("\n".join(prompts[: cfg.prompts]) + "\n", encoding="utf-8")
@@ -75,8 +75,8 @@ def learnable_target(store_dir: Path) -> tuple[Path, Path]:
     prompts (the held-out split is never the demo's)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from .demo_support.learnable_target import build_learnable_target, default_root
-    from .demo_support.qwen3_tokenizer import qwen3_tokenizer_dir
+    from ..targets.learnable import build_learnable_target, default_root
+    from ..targets.qwen3_tokenizer import qwen3_tokenizer_dir
 
     columns = (TextColumn("building the learnable target (once per machine)"), BarColumn(), MofNCompleteColumn(),
                TextColumn("steps, loss {task.fields[loss]:.2f}"), TimeRemainingColumn())
@@ -147,8 +147,8 @@ def wait_ready(group: ProcessGroup, api_url: str, target_port: int, timeout: flo
 
 def run_demo(cfg: DemoConfig) -> int:
     """Run the pipeline end to end; returns the process exit code."""
-    from .api_client import Api
-    from .client_view import stage_records, watch_job
+    from dfp_cli.api_client import Api
+    from dfp_cli.client_view import stage_records, watch_job
 
     out = cfg.out_dir.resolve()
     if cfg.fresh and out.exists():

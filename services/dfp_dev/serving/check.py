@@ -1,6 +1,6 @@
 """``dflash-pipeline serve-check``: the exported drafter served by a real vLLM, checked against the project.
 
-Starts vLLM's OpenAI server (from its own cached environment, :mod:`dfp_cli.vllm_env`) for the target
+Starts vLLM's OpenAI server (from its own cached environment, :mod:`dfp_dev.serving.vllm_env`) for the target
 with the drafter as DFlash speculator (``num_speculative_tokens`` = block size - 1), sends every prompt
 through ``/v1/chat/completions`` greedily in the drafter's thinking mode, and checks each output token
 for token against the project's plain greedy decode (``dflash-pipeline trainer reference-decode``).
@@ -26,7 +26,7 @@ from pathlib import Path
 import click
 import httpx
 
-from .demo_config import DemoConfig
+from ..demo.config import DemoConfig
 from .vllm_server import VllmServer, check_servable
 
 EXIT_DIFFERENT = 1
@@ -76,7 +76,7 @@ def load_prompts(prompts: str | None, limit: int) -> tuple[list[list[dict]], lis
 
     skip = 0
     if prompts is None:
-        prompts = str(resources.files("dfp_cli").joinpath("demo_prompts.jsonl"))
+        prompts = str(resources.files("dfp_dev.demo").joinpath("prompts.jsonl"))
         skip = DemoConfig.__dataclass_fields__["prompts"].default
     try:
         found, errors = read_prompt_set(prompts, limit=skip + limit)

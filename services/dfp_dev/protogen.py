@@ -1,6 +1,6 @@
 """Generate the gRPC Python code from ``protos/`` into ``dfp_shared.rpc`` (grpcio-tools).
 
-Run ``python -m dfp_shared.protogen`` from the repository root after editing a ``.proto``.
+Run ``python -m dfp_dev.protogen`` from the repository root after editing a ``.proto``.
 The ``.proto`` files are mapped to the virtual path ``dfp_shared/rpc`` so the generated modules
 import each other as ``dfp_shared.rpc.<name>_pb2``.
 """

@@ -1,4 +1,4 @@
-"""``dflash-pipeline demo``: wiring only; the run itself is in :mod:`dfp_cli.demo_run`."""
+"""``dflash-pipeline demo``: wiring only; the run itself is in :mod:`dfp_dev.demo.run`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .demo_config import DemoConfig
+from .config import DemoConfig
 
 
 def config_options(fn):
@@ -36,7 +36,7 @@ def demo(out_dir: Path, **flags):
     shows live progress, and ends with the completions, token shards, a trained drafter and an
     evaluation report (acceptance length of the trained vs the untrained drafter).
     """
-    from .demo_run import run_demo, tiny_target_heads
+    from .run import run_demo, tiny_target_heads
 
     try:
         tiny_target_heads(flags["head_dim"])

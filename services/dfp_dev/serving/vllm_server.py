@@ -1,7 +1,7 @@
 """A real vLLM OpenAI-compatible server on a free loopback port, and its speculative-decoding counters.
 
-The server runs from the vLLM environment (:mod:`dfp_cli.vllm_env`) in a process group of its own
-(:class:`~dfp_cli.demo_support.processes.ProcessGroup`), so stopping it stops its engine and worker
+The server runs from the vLLM environment (:mod:`dfp_dev.serving.vllm_env`) in a process group of its own
+(:class:`~dfp_dev.local.processes.ProcessGroup`), so stopping it stops its engine and worker
 processes too: SIGTERM first, SIGKILL after a grace period. ``--enforce-eager`` starts it in about
 half a minute on the CPU; ``VLLM_CPU_KVCACHE_SPACE`` (GiB) keeps its memory near 4 GB.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 
-from .demo_support.local_redis import free_port
-from .demo_support.processes import ProcessGroup
+from ..local.processes import ProcessGroup
+from ..local.redis_server import free_port
 
 # head sizes vLLM's CPU attention backend serves; any other kills the engine at the first request
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

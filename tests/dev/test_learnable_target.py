@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from dfp_cli.demo_support import learnable_target as lt
-from dfp_cli.demo_support.stdlib_corpus import (
+from dfp_dev.targets import learnable as lt
+from dfp_dev.targets.stdlib_corpus import (
     held_out_prompts,
     module_functions,
     sample_prompts,

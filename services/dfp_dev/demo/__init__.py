@@ -1,0 +1,1 @@
+"""``dflash-pipeline demo``: the whole pipeline locally on the CPU with a tiny target."""

@@ -24,6 +24,7 @@ COMMANDS = {
     "jobs": "dfp_cli.client:jobs",
     "status": "dfp_cli.client:status",
     "cancel": "dfp_cli.client:cancel",
+    "models": "dfp_cli.models:group",
 }
 
 HELP = {
@@ -36,6 +37,7 @@ HELP = {
     "jobs": "List jobs.",
     "status": "Show (or watch) a job's progress.",
     "cancel": "Cancel a job.",
+    "models": "Import targets (GGUF checkpoints) as safetensors Hugging Face directories.",
 }
 
 

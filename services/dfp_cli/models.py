@@ -1,0 +1,44 @@
+"""``dflash-pipeline models``: bring a target into the format every service loads."""
+
+from __future__ import annotations
+
+import click
+from dfp_shared.cli_support import with_settings
+from dfp_shared.config import CommonSettings
+from dfp_shared.gguf_import import DEFAULT_MAX_BYTES
+from pydantic import Field
+
+
+class ModelImportSettings(CommonSettings):
+    """Settings of a model import: the storage it reads and writes, and how large a file it takes."""
+
+    gguf_max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=1, le=1 << 42,
+                                description="Largest GGUF file an import reads, in bytes (checked before reading).")
+
+
+@click.group(name="models")
+def group():
+    """Import targets (GGUF checkpoints) as safetensors Hugging Face directories."""
+
+
+@group.command(name="import-gguf")
+@with_settings(ModelImportSettings, "models")
+@click.argument("source")
+@click.argument("output")
+@click.option("--owner", default=None, help="Principal that owns OUTPUT (as a job's owner); default: anonymous.")
+def import_gguf_command(source: str, output: str, owner: str | None, settings: ModelImportSettings):
+    """Import the GGUF file SOURCE into the model directory OUTPUT (both inside the storage roots).
+
+    OUTPUT gets safetensors weights (float32), config, tokenizer and chat template; the trainer, the target
+    service and the generation engine then load it like any Hugging Face checkpoint.
+    """
+    from dfp_shared.gguf_import import GGUFError, import_gguf
+    from dfp_shared.storage import StorageError
+    from dfp_shared.storage_roots import StorageRoots
+
+    try:
+        keys = import_gguf(source, output, StorageRoots.from_settings(settings), owner,
+                           endpoint_url=settings.s3_endpoint_url, max_bytes=settings.gguf_max_bytes)
+    except (GGUFError, StorageError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"imported {source} -> {output} ({len(keys)} files)")

@@ -1,0 +1,176 @@
+"""Importing a GGUF checkpoint as an ordinary Hugging Face directory: safetensors weights, config, tokenizer
+and chat template.
+
+Users often hold a target as one GGUF file (llama.cpp's format, usually quantised). transformers reads it
+(``gguf_file=``, de-quantising to float32), but a model loaded that way refuses ``save_pretrained``; the
+import builds the plain architecture from the file's config, loads the de-quantised state dict into it and
+saves that, so every service then loads the target through :func:`dfp_shared.models.load_causal_lm` like
+any other checkpoint.
+
+The file is data, never code: its size is bounded before it is read, its header checked (magic, version,
+counts) before transformers parses it, its architecture must be one transformers maps to a built-in model
+class, and the result holds no code and no ``auto_map``. The destination lies inside the storage roots
+and is claimed for its principal like every job output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .ownership import OutputClaims
+from .storage import ObjectStore, open_store, split_uri
+from .storage_roots import StorageRoots
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+DEFAULT_MAX_BYTES = 64 << 30
+MAX_TENSORS = 100_000
+MAX_METADATA = 100_000
+
+
+class GGUFError(ValueError):
+    """A GGUF file that cannot be imported; the message names the file and the reason."""
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    path: Path
+    size: int
+    version: int
+    architecture: str
+    tensors: int
+
+
+def check_gguf(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> GGUFInfo:
+    """Check a GGUF file before anything parses it: size, magic, version, counts, then its architecture.
+
+    Raises GGUFError naming the file and what is wrong.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"{path}: not a file")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise GGUFError(f"{path}: {size:,} bytes is over the import limit of {max_bytes:,} bytes")
+    with path.open("rb") as fh:
+        head = fh.read(24)
+    if len(head) < 24 or head[:4] != GGUF_MAGIC:
+        raise GGUFError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF')")
+    version, tensors, metadata = struct.unpack("<IQQ", head[4:24])
+    if version not in GGUF_VERSIONS:
+        raise GGUFError(f"{path}: GGUF version {version} is not supported (expected one of {GGUF_VERSIONS})")
+    if tensors > MAX_TENSORS or metadata > MAX_METADATA:
+        raise GGUFError(f"{path}: header claims {tensors:,} tensors and {metadata:,} metadata entries "
+                        f"(at most {MAX_TENSORS:,} and {MAX_METADATA:,})")
+    architecture = _architecture(path)
+    return GGUFInfo(path=path, size=size, version=version, architecture=architecture, tensors=tensors)
+
+
+def _architecture(path: Path) -> str:
+    from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    try:
+        reader = GGUFReader(path)
+        field = reader.fields.get("general.architecture")
+        architecture = bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
+    except Exception as exc:  # the reader raises whatever a malformed file provokes (ValueError, IndexError, ...)
+        raise GGUFError(f"{path}: malformed GGUF ({type(exc).__name__}: {exc})") from None
+    if not architecture:
+        raise GGUFError(f"{path}: no general.architecture in its metadata")
+    if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise GGUFError(f"{path}: architecture {architecture!r} has no built-in transformers model "
+                        f"(supported: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})")
+    return architecture
+
+
+def convert_gguf(path: str | Path, out_dir: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Path:
+    """Write ``path`` (a GGUF file) as a safetensors Hugging Face directory ``out_dir`` (float32 weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    info = check_gguf(path, max_bytes)
+    folder, name = str(info.path.parent), info.path.name
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except (ValueError, KeyError, IndexError, TypeError, OSError) as exc:
+        raise GGUFError(f"{info.path}: transformers cannot read it ({type(exc).__name__}: {exc})") from None
+    config.architectures = [type(loaded).__name__]
+    config.dtype = torch.float32
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise GGUFError(f"{info.path}: its tensors do not fit {type(plain).__name__} "
+                        f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+    if config.tie_word_embeddings:
+        plain.tie_weights()
+    plain.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    if not tokenizer.chat_template:
+        log.warning("the GGUF file carries no chat template", extra={"file": str(info.path)})
+    _check_no_code(out)
+    (out / "import.json").write_text(json.dumps({"source": info.path.name, "gguf_version": info.version,
+                                                  "architecture": info.architecture, "bytes": info.size}, indent=1))
+    return out
+
+
+def _check_no_code(directory: Path) -> None:
+    """What an import writes holds tensors and JSON/text only: no code, no ``auto_map``."""
+    for file in directory.rglob("*"):
+        if file.suffix in (".py", ".pyc", ".bin", ".pt", ".pkl", ".pickle"):
+            raise GGUFError(f"refusing to write {file.name}: an imported model holds no code or pickles")
+    config = json.loads((directory / "config.json").read_text())
+    if "auto_map" in config:
+        raise GGUFError("refusing a config with auto_map: an imported model loads without remote code")
+
+
+def _local_source(source: str, roots: StorageRoots, scratch: Path, endpoint_url: str | None) -> Path:
+    """The GGUF file as a local path (downloaded from object storage when needed)."""
+    canonical = roots.check(source, "source")  # local paths: checked after resolving symlinks
+    if canonical.startswith("file://"):
+        return Path(os.path.realpath(canonical[len("file://"):]))
+    root, key = split_uri(canonical)
+    return open_store(root, endpoint_url=endpoint_url).get_file(key, scratch / Path(key).name)
+
+
+def upload_dir(local: Path, store: ObjectStore) -> list[str]:
+    """Every file of ``local`` into ``store`` under its relative path; returns the keys written."""
+    keys = []
+    for file in sorted(p for p in local.rglob("*") if p.is_file()):
+        key = file.relative_to(local).as_posix()
+        store.put_file(key, file)
+        keys.append(key)
+    return keys
+
+
+def import_gguf(source: str, output: str, roots: StorageRoots, owner: str | None, *,
+                endpoint_url: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> list[str]:
+    """Import the GGUF file ``source`` into the model directory ``output``; returns the keys written.
+
+    Both URIs must lie inside ``roots``; ``output`` is claimed for ``owner`` like a job's output (a prefix
+    another principal owns, or that holds data no job wrote, is refused).
+    """
+    roots.check_explicit_output(output, "output")
+    OutputClaims(roots, endpoint_url).claim(output, owner, job_id="import-gguf", field="output")
+    with tempfile.TemporaryDirectory(prefix="dfp-gguf-") as tmp:
+        scratch = Path(tmp)
+        gguf_path = _local_source(source, roots, scratch, endpoint_url)
+        converted = convert_gguf(gguf_path, scratch / "model", max_bytes)
+        keys = upload_dir(converted, open_store(roots.check(output, "output"), endpoint_url=endpoint_url))
+        shutil.rmtree(converted, ignore_errors=True)
+    log.info("GGUF imported", extra={"source": source, "output": output, "files": len(keys)})
+    return keys

@@ -50,7 +50,7 @@ def llama_style_tokenizer(llama_style_tokenizer_dir):
 
 
 TEMPLATES_DIR = Path(__file__).parent / "data" / "templates"
-REAL_TEMPLATES = ("llama3_1", "gemma3", "deepseek_v3")
+REAL_TEMPLATES = ("llama3_1", "gemma3", "deepseek_v3", "smollm2")
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,7 @@ def test_record_tools_override_the_jobs(qwen3_tokenizer):
     assert '"name": "lookup"' in text and '"name": "search"' not in text
 
 
-@pytest.mark.parametrize("name", ["llama3_1", "gemma3", "deepseek_v3"])
+@pytest.mark.parametrize("name", ["llama3_1", "gemma3", "deepseek_v3", "smollm2"])
 @pytest.mark.parametrize("content", ["<think>\nhmm\n</think>\n\nanswer", "keep this </think> and this"])
 def test_templates_without_reasoning_train_think_tags_as_text(real_template_tokenizers, name, content):
     tokenizer = real_template_tokenizers[name]

@@ -1,4 +1,4 @@
-"""Loss masks on real chat templates (Qwen3, Llama 3.1, Gemma 3, DeepSeek V3) over generated conversations
+"""Loss masks on real chat templates (Qwen3, Llama 3.1, Gemma 3, DeepSeek V3, SmolLM2) over generated conversations
 with tool calls, tool definitions, reasoning and special-token look-alikes inside contents and arguments.
 
 For each conversation: ``input_ids`` equal the tokenized full render of the template, and each trained run
@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from .conftest import REAL_TEMPLATES
 from .test_masking import LOOKALIKES, check, encoder_for, qwen3_expected
 
-END_OF_TURN = {"llama3_1": "<|eot_id|>", "gemma3": "<end_of_turn>", "deepseek_v3": "<｜end▁of▁sentence｜>"}
+END_OF_TURN = {"llama3_1": "<|eot_id|>", "gemma3": "<end_of_turn>", "deepseek_v3": "<｜end▁of▁sentence｜>",
+              "smollm2": "<|im_end|>"}
 SPECIALS = sorted({*LOOKALIKES, *END_OF_TURN.values(), "<start_of_turn>model\n", "<｜Assistant｜>", "<｜User｜>",
                    "<tool_call>", "</tool_call>"})
 TEXT = st.lists(st.one_of(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=8),

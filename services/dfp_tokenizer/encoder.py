@@ -6,9 +6,9 @@ call of the Rust tokenizer (no special tokens added: the template prints them), 
 character spans into a token mask with ``char_to_token`` at the span ends. A token is trained if
 any character of it is in a trained span.
 
-Each record's rendering runs under the operator's budget (:mod:`.render_budget`): over it, the
-record is a bad line (``template_budget``). A batch the tokenizer refuses as a whole is tokenized
-again one record at a time, so that only the record it refuses is lost.
+Each record's rendering runs under the operator's budget (:mod:`dfp_shared.chat_template.budget`):
+over it, the record is a bad line (``template_budget``). A batch the tokenizer refuses as a whole is
+tokenized again one record at a time, so that only the record it refuses is lost.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
+from dfp_shared.chat_template.budget import BudgetExceeded, run_within
 from dfp_shared.specs.tokenize import TokenizeSpec
 from dfp_shared.tokenizer_assets import chat_template_fingerprint, tokenizer_fingerprint
 from jinja2 import TemplateError
@@ -24,7 +25,6 @@ from jinja2 import TemplateError
 from . import records as R
 from .limits import EncodeLimits, TemplateUnavailable
 from .records import Sample, SampleError
-from .render_budget import BudgetExceeded, run_within
 from .template_spans import TemplateLocator
 
 

@@ -32,11 +32,11 @@ import json
 import re
 from dataclasses import dataclass
 
+from dfp_shared.chat_template.render import compile_template
 from dfp_shared.thinking import THINK_CLOSE, THINK_OPEN, split_inline_reasoning
 
 from .limits import EncodeLimits
 from .records import TEMPLATE_ALIGNMENT, TEMPLATE_ERROR, SampleError, short_detail
-from .template_sandbox import sized_copy
 
 MARKER_CHARS = [("\ue000", "\ue001"), ("\uf8f0", "\uf8f1"), ("\U000f0000", "\U000f0001")]
 PROBE = "\ue002probe\ue003"
@@ -68,28 +68,9 @@ class Message(dict):
 
 
 def _compile(template: str, max_chars: int | None = None):
-    """The template in a private copy of transformers' sandboxed Jinja environment that refuses any single
-    operation making more than ``max_chars`` characters, the rendered text included (see
-    :mod:`.template_sandbox`), with the sandbox's attribute check memoised: jinja's immutable sandbox
-    decides from the object's type and the attribute name only, never from the value."""
-    try:
-        from transformers.utils.chat_template_utils import _cached_compile_jinja_template as compile_
-    except ImportError:  # pragma: no cover - older transformers
-        from transformers.utils.chat_template_utils import _compile_jinja_template as compile_
-    # the template is compiled by the checked copy only: compiling folds constant expressions
-    env = sized_copy(compile_("").environment, max_chars or EncodeLimits().max_rendered_chars)
-    check = env.is_safe_attribute
-    memo: dict[tuple[type, str], bool] = {}
-
-    def is_safe_attribute(obj, attr, value):
-        key = (type(obj), attr)
-        safe = memo.get(key)
-        if safe is None:
-            safe = memo[key] = check(obj, attr, value)
-        return safe
-
-    env.is_safe_attribute = is_safe_attribute
-    return env.from_string(template)
+    """The template in the sized sandbox (:func:`dfp_shared.chat_template.compile_template`), refusing any
+    single operation making more than ``max_chars`` characters, the rendered text included."""
+    return compile_template(template, max_chars or EncodeLimits().max_rendered_chars)
 
 
 def _candidates(value: str) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
-from dfp_shared import stop_tokens
+from dfp_shared import chat_template, stop_tokens
 
 from .attention import decode_masks
 from .data import Batch
@@ -158,9 +158,7 @@ def speculative_decode(drafter, target, prompt_ids: torch.Tensor, *, max_new_tok
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         enable_thinking=enable_thinking)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return chat_template.chat_prompt_ids(tokenizer, messages, enable_thinking=enable_thinking)
 
 
 def acceptance(drafter, target_model, prompts: Iterable[torch.Tensor], *, max_new_tokens: int,

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from dfp_shared.chat_template import render_chat
 from dfp_shared.tokenizer_assets import MASK_TOKEN, load_tokenizer
 
 from .stdlib_corpus import FunctionRecord, prompt_records, sample_prompts, stdlib_functions, write_prompt_set
@@ -138,9 +139,8 @@ def render_texts(tok, record: FunctionRecord) -> tuple[str, str]:
     The prompt is rendered as the generation stage prompts a target; the rest of the chat
     template's render of the whole conversation is what the target learns to produce.
     """
-    prompt = tok.apply_chat_template(record.prompt_messages(), tokenize=False, add_generation_prompt=True,
-                                     enable_thinking=True)
-    full = tok.apply_chat_template(record.messages(), tokenize=False)
+    prompt = render_chat(tok, record.prompt_messages(), add_generation_prompt=True, enable_thinking=True)
+    full = render_chat(tok, record.messages())
     if not full.startswith(prompt):
         raise ValueError(f"{record.id}: the chat template's prompt is not a prefix of the conversation")
     answer = full[len(prompt):]
@@ -376,8 +376,7 @@ def greedy_samples(model_dir: str | os.PathLike, prompts: list[dict], max_new_to
     model = load_causal_lm(str(model_dir), device="cpu")  # safetensors only, no remote code
     out = []
     for prompt in prompts:
-        text = tok.apply_chat_template(prompt["messages"], tokenize=False, add_generation_prompt=True,
-                                       enable_thinking=True)
+        text = render_chat(tok, prompt["messages"], add_generation_prompt=True, enable_thinking=True)
         ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
         with torch.no_grad():
             gen = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,

@@ -1,8 +1,9 @@
 """The ``transformers`` engine: the target model in the worker process, batched ``generate``.
 
-Prompts are rendered with the model's own chat template (``enable_thinking`` from the job),
-sorted by length and generated in left-padded batches; CUDA is used when present. A batch that
-fails (e.g. out of memory) is retried one request at a time so one bad prompt fails alone.
+Prompts are rendered with the model's own chat template (``enable_thinking`` from the job) in the
+sized sandbox (:func:`dfp_shared.chat_template.render_chat`), sorted by length and generated in
+left-padded batches; CUDA is used when present. A batch that fails (e.g. out of memory) is retried
+one request at a time so one bad prompt fails alone.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from dfp_shared.chat_template import render_chat
 from dfp_shared.stop_tokens import stop_token_ids
 from dfp_shared.thinking import split_thinking
 
@@ -41,8 +43,7 @@ class TransformersEngine(Engine):
                                                      "batch_size": batch_size})
 
     def render(self, messages: list[dict], thinking: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                  enable_thinking=thinking)
+        return render_chat(self.tokenizer, messages, add_generation_prompt=True, enable_thinking=thinking)
 
     def generate(self, requests: list[GenRequest], params: SamplingParams, *, on_result: ResultCallback | None = None,
                  should_stop: StopCheck | None = None) -> list[GenResult]:

@@ -1,10 +1,10 @@
 """Single template operations that would build an oversized result, refused before they run.
 
-The watchdog (:mod:`.render_budget`) stops a render between bytecodes, never inside one C-level
+The watchdog (:mod:`.budget`) stops a render between bytecodes, never inside one C-level
 operation (``'a' * 10**9``, ``7 ** 10**8``, ``'x'.ljust(10**9)``, ``'%*s' % (10**9, '')``, a width
 in a format spec or filter, printing a list that holds one long string a million times).
 :func:`sized_copy` checks each such operation from its operands and raises
-:class:`~.render_budget.BudgetExceeded` naming it (a ``template_budget`` bad line) if its result
+:class:`~.budget.BudgetExceeded` naming it (a ``template_budget`` bad line) if its result
 would be over ``size_cap`` characters (items for lists, :data:`MAX_INT_BITS` for integers): ``*``
 ``**`` ``%``, the str methods and filters that lengthen, and every place a value is printed whole
 (``{{ }}``, ``~``, text filters, ``raise_exception``, the rendered text), a container measured as it
@@ -24,7 +24,7 @@ from jinja2.sandbox import SandboxedEscapeFormatter, SandboxedFormatter
 from jinja2.utils import Namespace, pass_context
 from markupsafe import Markup
 
-from .render_budget import BudgetExceeded
+from .budget import BudgetExceeded
 
 MAX_INT_BITS = 10_000
 """The largest integer ``*`` or ``**`` may make (about 3,000 digits)."""

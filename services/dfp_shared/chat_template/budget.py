@@ -11,7 +11,7 @@ deadline passes or the memory grows past the budget, and re-raises whatever ``ch
 (``TaskCancelled``, ``WorkerAborted``) when it stops. Rendering is Python bytecode (Jinja compiles
 to Python), so the exception lands within a few bytecodes; nothing in between can catch it
 (:class:`BudgetExceeded` is a ``BaseException``, and templates have no ``try``). One C-level
-operation cannot be interrupted: :mod:`.template_sandbox` refuses those that would be too large
+operation cannot be interrupted: :mod:`.sandbox` refuses those that would be too large
 before they run, raising :class:`BudgetExceeded` itself, which passes with its own reason.
 
 Costs nothing measurable per render: a dictionary entry under a lock; the thread wakes every

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from dfp_shared.job_types import JOB_TYPES
 from dfp_shared.jobs import IllegalTransition, JobNotFound
-from dfp_shared.specs import SPECS
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -39,7 +39,7 @@ def field_errors(exc: RequestValidationError) -> list[dict]:
         loc = [str(p) for p in err.get("loc", ())]
         where = loc[0] if loc else "body"
         path = loc[1:]
-        if where == "body" and len(path) > 1 and path[0] in SPECS:
+        if where == "body" and len(path) > 1 and path[0] in JOB_TYPES:
             path = path[1:]
         reason = err.get("msg", "invalid")
         if reason.startswith("Value error, "):

@@ -60,15 +60,15 @@ def _summary(rec: JobRecord) -> JobSummary:
 @jobs.post("", status_code=201, response_model=Job,
            responses={200: {"model": Job, "description": "Replay: the job this Idempotency-Key created"},
                       **error_responses(401, 403, 409, 413, 422, 429, 503)})
-async def submit_job(body: JobRequest, caller: Writing, r: SyncRedis, request: Request, response: Response,
-                     idempotency_key: IdempotencyKey = None) -> Job:
+async def post_job(body: JobRequest, caller: Writing, r: SyncRedis, request: Request, response: Response,
+                   idempotency_key: IdempotencyKey = None) -> Job:
     """Submit a generate, tokenize, train, pipeline or evaluate job. Returns 201 (created) or 200 (replayed)."""
     try:  # strict, as the document states: no 0 for false, no "3" for 3
         body = STRICT_REQUEST.validate_json(await request.body(), strict=True)
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]) from None
     spec = body.spec.model_dump(mode="json")
-    rec, created = await run_in_threadpool(service.submit, r, caller.name, body.type, spec, idempotency_key,
+    rec, created = await run_in_threadpool(service.submit_for_caller, r, caller.name, body.type, spec, idempotency_key,
                                            request.app.state.api.roots)
     if created:
         SUBMITTED.labels(body.type).inc()

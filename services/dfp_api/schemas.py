@@ -10,19 +10,19 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
+from dfp_shared.job_types import JOB_TYPES, fed_fields
 from dfp_shared.jobs import JobState
-from dfp_shared.specs import SPECS, EvaluateSpec, GenerateSpec, TokenizeSpec, TrainSpec
-from dfp_shared.submit import PIPELINE_WIRING
+from dfp_shared.specs import EvaluateSpec, GenerateSpec, TokenizeSpec, TrainSpec
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-JobType = Enum("JobType", {name: name for name in SPECS}, type=str)
+JobType = Enum("JobType", {name: name for name in JOB_TYPES}, type=str)
 JobType.__doc__ = "Kind of job."
 
 
 def _stage_model(stage: str) -> type[BaseModel]:
     """The stage's spec model without the field an earlier stage fills in."""
-    base = SPECS[stage]
-    wired = {field for _, (nxt, field, _) in PIPELINE_WIRING.items() if nxt == stage}
+    base = JOB_TYPES[stage].spec
+    wired = fed_fields(stage)
     fields = {name: (info.annotation, info) for name, info in base.model_fields.items() if name not in wired}
     model = create_model(f"Pipeline{stage.capitalize()}Stage", __config__=ConfigDict(extra="forbid"), **fields)
     model.__doc__ = f"{base.__name__} fields" + (f" except {', '.join(sorted(wired))} (wired by the pipeline)."

@@ -1,6 +1,7 @@
-"""Job operations behind the routes: submit (with idempotency), list, cancel (cascading).
+"""Job operations behind the routes: submit for a caller (with idempotency), list, cancel (cascading).
 
-These call the shared sync job code (:mod:`dfp_shared.submit`, :class:`~dfp_shared.jobs.JobStore`)
+These call the shared sync job code (:mod:`dfp_shared.submit`, :mod:`dfp_shared.job_flow`,
+:class:`~dfp_shared.jobs.JobStore`)
 and run in a worker thread of the API.
 """
 
@@ -9,10 +10,12 @@ from __future__ import annotations
 import logging
 
 import redis
+from dfp_shared.job_flow import advance_pipeline
+from dfp_shared.job_types import PIPELINE
 from dfp_shared.jobs import IllegalTransition, JobNotFound, JobRecord, JobState, JobStore
 from dfp_shared.specs import PipelineSpec
 from dfp_shared.storage_roots import OutsideRoots, StorageRoots
-from dfp_shared.submit import advance_pipeline, submit_job, with_default_outputs
+from dfp_shared.submit import queue_job, validate_spec, with_default_outputs
 from fastapi.exceptions import RequestValidationError
 
 log = logging.getLogger(__name__)
@@ -22,30 +25,24 @@ class IdempotencyConflict(ValueError):
     """The idempotency key was used before for a different request."""
 
 
-def submit(r: redis.Redis, caller: str, job_type: str, spec: dict, idempotency_key: str | None,
+def submit_for_caller(r: redis.Redis, caller: str, job_type: str, spec: dict, idempotency_key: str | None,
            roots: StorageRoots) -> tuple[JobRecord, bool]:
     """Create and queue a job owned by ``caller``. A repeated idempotency key (scoped to the caller)
     returns the first job. A storage URI outside ``roots`` is a 422 naming the field and the roots."""
     scoped = f"api:{caller}:{idempotency_key}" if idempotency_key else None
     try:
-        job, created = submit_job(r, job_type, spec, idempotency_key=scoped, owner=caller, roots=roots)
+        job, created = queue_job(r, job_type, spec, idempotency_key=scoped, owner=caller, roots=roots)
     except OutsideRoots as exc:
         field, _, reason = str(exc).partition(": ")
         raise RequestValidationError([{"loc": ("body", *field.split(".")), "msg": reason,
                                        "type": "storage_root"}]) from None
     if not created and (job.type != job_type or job.spec != with_default_outputs(
-            job_type, _normalised(job_type, spec), roots, job.id)):
+            job_type, validate_spec(job_type, spec), roots, job.id)):
         raise IdempotencyConflict(
             f"Idempotency-Key was already used for job {job.id} with a different type or spec")
     log.info("job submitted" if created else "job submit replayed",
              extra={"job_id": job.id, "type": job_type, "caller": caller})
     return job, created
-
-
-def _normalised(job_type: str, spec: dict) -> dict:
-    from dfp_shared.submit import validate_spec
-
-    return validate_spec(job_type, spec)
 
 
 def list_jobs(r: redis.Redis, state: str | None, job_type: str | None, offset: int, limit: int,
@@ -66,7 +63,7 @@ def cancel(r: redis.Redis, caller: str, job_id: str, owner: str | None = None) -
         raise IllegalTransition(job_id, rec.state.value, JobState.cancelled.value)
     rec = jobs.cancel(job_id)
     log.info("job cancelled", extra={"job_id": job_id, "type": rec.type, "caller": caller})
-    if rec.type == "pipeline":
+    if rec.type == PIPELINE.name:
         for stage in PipelineSpec.STAGES:
             child = rec.outputs.get(f"{stage}_job")
             if not child:

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import yaml
 from dfp_shared.cli_support import apply_assignments, put_field
-from dfp_shared.specs import SPECS
+from dfp_shared.job_types import JOB_TYPES
 
 from .api_client import DEFAULT_URL, Api
 from .client_view import job_line, job_table, job_view, show, watch_job
@@ -66,7 +66,7 @@ def _field_option(name: str, info) -> click.Option:
 
 
 def _submit_command(job_type: str) -> click.Command:
-    model = SPECS[job_type]
+    model = JOB_TYPES[job_type].spec
 
     lists = {name for name, info in model.model_fields.items() if getattr(info.annotation, "__origin__", None) is list}
 
@@ -98,10 +98,10 @@ def _submit_command(job_type: str) -> click.Command:
 
 class _SubmitGroup(click.Group):
     def list_commands(self, ctx):
-        return list(SPECS)
+        return list(JOB_TYPES)
 
     def get_command(self, ctx, name):
-        return _submit_command(name) if name in SPECS else None
+        return _submit_command(name) if name in JOB_TYPES else None
 
 
 @click.group(cls=_SubmitGroup)

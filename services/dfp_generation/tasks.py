@@ -15,6 +15,8 @@ import time
 
 import redis
 from dfp_shared.completions import MANIFEST, SHARD_COUNTS, build_manifest, shard_entry, write_manifest
+from dfp_shared.job_flow import finish_job
+from dfp_shared.job_types import GENERATE
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.ownership import OutputClaims
 from dfp_shared.prompts import PROMPT_SUFFIXES
@@ -22,9 +24,8 @@ from dfp_shared.queue import Task, TaskQueue
 from dfp_shared.specs.generate import GenerateSpec
 from dfp_shared.storage import StorageError, open_store
 from dfp_shared.storage_roots import StorageRoots, parent_prefix
-from dfp_shared.submit import PLAN_KEY, finish_job
-from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased, Worker
-from pydantic import ValidationError
+from dfp_shared.submit import PLAN_KEY
+from dfp_shared.worker import JobHandler, TaskCancelled, TaskContext, TaskReleased, Worker
 
 from .endpoints import EndpointError
 from .endpoints import resolve as resolve_endpoint
@@ -36,7 +37,6 @@ from .shard import ShardRunner, prune_stale
 
 log = logging.getLogger(__name__)
 
-KIND = "generate"
 FINALIZE_KEY = "finalize"
 PROGRESS_EVERY_S = 2.0
 
@@ -74,32 +74,25 @@ def build_engine(spec: GenerateSpec, settings: GenerationSettings) -> Engine:
                               endpoint_url=settings.s3_endpoint_url)
 
 
-class GenerationHandler:
+class GenerationHandler(JobHandler):
     """``handler(task, ctx)`` for :class:`dfp_shared.worker.Worker`; keeps the last engine loaded."""
 
     def __init__(self, r: redis.Redis, settings: GenerationSettings):
         self.r = r
         self.jobs = JobStore(r)
-        self.queue = TaskQueue(r, KIND, lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
+        self.queue = TaskQueue(r, GENERATE.stream, lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
         self.settings = settings
         self.roots = StorageRoots.from_settings(settings)
         self.claims = OutputClaims(self.roots, settings.s3_endpoint_url)
         self._engine: tuple[tuple, Engine] | None = None
 
-    def __call__(self, task: Task, ctx: TaskContext) -> None:
-        rec = self.jobs.get(task.job_id)
-        try:
-            spec = GenerateSpec.model_validate(rec.spec)
-        except ValidationError as exc:  # e.g. a removed field, written straight into Redis: retrying cannot help
-            log.error("job cannot run", extra={"job_id": task.job_id, "error": str(exc)})
-            finish_job(self.r, task.job_id, JobState.failed, error=f"invalid generate spec: {exc}")
-            return
-        # before any I/O: the task may come from anyone who can write to Redis
-        self.roots.check_spec(KIND, spec)
+    def confine_task(self, task: Task, spec: GenerateSpec) -> None:
         if "prompts_root" in task.payload:  # a shard reads only the prompt set its spec names
             prompts = spec.prompts if not spec.prompts.endswith(PROMPT_SUFFIXES) else parent_prefix(spec.prompts)
             self.roots.check_inside(task.payload["prompts_root"], prompts, "task.prompts_root")
-        self.claims.claim(spec.output, rec.owner, task.job_id, parent_id=rec.parent_id)
+
+    def handle(self, task: Task, ctx: TaskContext) -> None:
+        spec: GenerateSpec = ctx.spec
         try:
             if task.key == PLAN_KEY:
                 self.plan(task, spec)

@@ -108,17 +108,18 @@ class StorageRoots:
 
     def check_spec(self, job_type: str, spec, prefix: str = "spec") -> None:
         """Check every storage URI of a job spec (a model or its dict; pipelines stage by stage)."""
-        from .specs import SPECS, PipelineSpec
+        from .job_types import JOB_TYPES, PIPELINE
+        from .specs import PipelineSpec
         from .specs._common import storage_fields
 
         data = spec.model_dump() if hasattr(spec, "model_dump") else dict(spec)
-        if job_type == "pipeline":
+        if job_type == PIPELINE.name:
             for stage in PipelineSpec.STAGES:
                 self.check_spec(stage, data.get(stage) or {}, f"{prefix}.{stage}")
             return
         if data.get("output") is None:
             raise OutsideRoots(f"{prefix}.output: unset (jobs get a per-job prefix when they are submitted)")
-        for name in storage_fields(SPECS[job_type]):
+        for name in storage_fields(JOB_TYPES[job_type].spec):
             value = data.get(name)
             if isinstance(value, list):  # a list of URIs (an evaluate job's prompt sets)
                 for i, item in enumerate(value):

@@ -7,7 +7,8 @@ A service supplies a handler ``handle(task, ctx) -> dict | None``. The loop:
 * skips and acks tasks of cancelled jobs, and tasks already counted as done (redelivery after
   a crash between counting and acking); the cancel and done flags it acts on are never older
   than ``batch_s``, and a handler's ``TaskCancelled`` applies to the job's next task at once;
-* runs the handler while a heartbeat thread keeps the lease of every task in hand;
+* runs the handler while a heartbeat thread keeps the lease of every task in hand (a
+  :class:`JobHandler` first admits the task: see there);
 * on success acks (a batch's acks go out together: every ``batch_s``, at its end, or on the next
   heartbeat tick if a long task follows);
   on an exception records the error, retries or dead-letters;
@@ -28,12 +29,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Histogram
+from pydantic import BaseModel, ValidationError
 
-from .jobs import JobNotFound, JobState, JobStore
+from .job_flow import finish_job
+from .job_types import JobType, task_job_type
+from .jobs import JobNotFound, JobRecord, JobState, JobStore
+from .ownership import OutputClaims
 from .queue import LEASE_EXPIRED, Task, TaskQueue, default_consumer_name
 from .signals import StopSignals
 from .storage import AccessRefused
-from .submit import finish_job
+from .storage_roots import StorageRoots
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +67,10 @@ class TaskContext:
     stopping: threading.Event
     extras: dict = field(default_factory=dict)
     abort: threading.Event | None = None
+    # set by JobHandler before its handle(): the job, the type the task runs as, and the job's spec
+    job: JobRecord | None = None
+    job_type: JobType | None = None
+    spec: BaseModel | None = None
 
     def cancelled(self) -> bool:
         return self.jobs.is_cancelled(self.task.job_id)
@@ -76,6 +85,53 @@ class TaskContext:
 
 
 Handler = Callable[[Task, TaskContext], "dict | None"]
+
+
+class JobHandler:
+    """The handler of a service's job tasks. Before :meth:`handle` runs, each task is admitted:
+
+    * the job's spec is validated with its type's model (:func:`~dfp_shared.job_types.task_job_type`);
+      an invalid one fails the job at once (``invalid <type> spec: ...``), as a retry cannot help;
+    * before any I/O (the task may come from anyone who can write to Redis) every storage URI of the
+      spec is checked against ``roots``, and the task's own by :meth:`confine_task`;
+    * the output prefix is claimed for the job's owner (:class:`~dfp_shared.ownership.OutputClaims`).
+
+    A refusal raises :class:`~dfp_shared.storage.AccessRefused`: the worker fails the job. ``handle``
+    finds the job, its type and its spec on ``ctx``. A subclass sets ``roots`` and ``claims``.
+    """
+
+    roots: StorageRoots
+    claims: OutputClaims
+    # False: an invalid spec is an error like any other (retried, then dead-lettered)
+    invalid_spec_fails_job = True
+
+    def __call__(self, task: Task, ctx: TaskContext) -> None:
+        if self.admit(task, ctx):
+            self.handle(task, ctx)
+
+    def admit(self, task: Task, ctx: TaskContext) -> bool:
+        """Validate, confine and claim (see the class); False when the job was failed instead."""
+        job = ctx.jobs.get(task.job_id)
+        kind = task_job_type(ctx.queue.kind, job.type)
+        try:
+            spec = kind.spec.model_validate(job.spec)
+        except ValidationError as exc:  # e.g. a removed field, written straight into Redis
+            if not self.invalid_spec_fails_job:
+                raise
+            log.error("job cannot run", extra={"job_id": task.job_id, "error": str(exc)})
+            finish_job(ctx.jobs.r, task.job_id, JobState.failed, error=f"invalid {kind.name} spec: {exc}")
+            return False
+        self.roots.check_spec(kind.name, spec)
+        self.confine_task(task, spec)
+        self.claims.claim(spec.output, job.owner, task.job_id, parent_id=job.parent_id)
+        ctx.job, ctx.job_type, ctx.spec = job, kind, spec
+        return True
+
+    def confine_task(self, task: Task, spec) -> None:
+        """Check the storage URIs the task itself carries (after the spec's, before the claim)."""
+
+    def handle(self, task: Task, ctx: TaskContext) -> None:
+        raise NotImplementedError
 
 
 class Worker:

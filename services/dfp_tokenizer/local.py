@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
+from dfp_shared.job_types import TOKENIZE
 from dfp_shared.jobs import JobRecord, JobStore
 from dfp_shared.redis_conn import connect
 from dfp_shared.storage_roots import parent_prefix, parse_prefixes
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 
 from .pool import Pool
 from .progress import progress_bar, timing, watching
@@ -23,7 +24,7 @@ def run_job(settings: TokenizerSettings, spec: dict, started: float | None = Non
     settings = settings.model_copy(update={"allowed_prefixes": ",".join(
         [*parse_prefixes(settings.allowed_prefixes), *(parent_prefix(u) for u in named)])})
     r = connect(settings.redis_url)
-    job, _ = submit_job(r, "tokenize", spec)
+    job, _ = queue_job(r, TOKENIZE.name, spec)
     jobs = JobStore(r)
     with progress_bar() as bar:
         watch = watching(jobs, job.id, bar)

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from dfp_shared.job_types import TOKENIZE
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.redis_conn import connect
@@ -26,7 +27,7 @@ from dfp_shared.storage_roots import StorageRoots
 
 from .limits import EncodeLimits
 from .settings import TokenizerSettings
-from .tasks import KIND, EncoderCache, TokenizeHandler, TokenizeWorker
+from .tasks import EncoderCache, TokenizeHandler, TokenizeWorker
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def run_process(settings: TokenizerSettings, *, idle_exit_s: float | None = None
     """Consume tokenize tasks with ``settings.threads`` threads until signalled (or idle). Returns tasks done."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     r = connect(settings.redis_url)
-    queue = TaskQueue(r, KIND, lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
+    queue = TaskQueue(r, TOKENIZE.stream, lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
     jobs = JobStore(r)
     encoders = EncoderCache(settings.s3_endpoint_url, settings.cache_dir, EncodeLimits.from_settings(settings))
     handler = TokenizeHandler(r, encoders, settings.s3_endpoint_url, StorageRoots.from_settings(settings))

@@ -19,16 +19,17 @@ import threading
 from pathlib import Path
 
 from dfp_shared.config import CommonSettings, load_settings
+from dfp_shared.job_flow import finish_job
 from dfp_shared.jobs import JobStore
 from dfp_shared.ownership import OutputClaims
 from dfp_shared.queue import Task, TaskQueue
 from dfp_shared.specs.tokenize import TokenizeSpec
 from dfp_shared.storage import NotFound, ObjectStore, local_dir_confined, open_store, split_uri, visible
 from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.submit import PLAN_KEY, finish_job
+from dfp_shared.submit import PLAN_KEY
 from dfp_shared.token_shards import MANIFEST, build_manifest
 from dfp_shared.tokenizer_assets import default_cache_dir, load_tokenizer
-from dfp_shared.worker import TaskContext, Worker
+from dfp_shared.worker import JobHandler, TaskContext, Worker
 from prometheus_client import Counter
 
 from .encoder import SampleEncoder
@@ -42,7 +43,6 @@ SAMPLES = Counter("dfp_tokenizer_samples_total", "Samples written to token shard
 TOKENS = Counter("dfp_tokenizer_tokens_total", "Tokens written to token shards", ["trained"])
 BAD_LINES = Counter("dfp_tokenizer_bad_lines_total", "Input lines rejected, by reason", ["reason"])
 
-KIND = "tokenize"
 FINALIZE_KEY = "finalize"
 PLAN_FILE = "parts/_plan.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -87,8 +87,10 @@ class EncoderCache:
             return self._encoders[key]
 
 
-class TokenizeHandler:
+class TokenizeHandler(JobHandler):
     """``handler(task, ctx)`` for the shared :class:`~dfp_shared.worker.Worker` loop."""
+
+    invalid_spec_fails_job = False
 
     def __init__(self, r, encoders: EncoderCache, endpoint_url: str | None = None, roots: StorageRoots | None = None):
         self.r = r
@@ -98,12 +100,8 @@ class TokenizeHandler:
         self.roots = roots or StorageRoots.from_settings(load_settings(CommonSettings))
         self.claims = OutputClaims(self.roots, endpoint_url)
 
-    def __call__(self, task: Task, ctx: TaskContext) -> None:
-        rec = self.jobs.get(task.job_id)
-        spec = TokenizeSpec.model_validate(rec.spec)
-        # before any I/O: the task may come from anyone who can write to Redis
-        self.roots.check_spec(KIND, spec)
-        self.claims.claim(spec.output, rec.owner, task.job_id, parent_id=rec.parent_id)
+    def handle(self, task: Task, ctx: TaskContext) -> None:
+        spec: TokenizeSpec = ctx.spec
         if task.key == PLAN_KEY:
             self.plan(task, spec, ctx.queue)
         elif task.key == FINALIZE_KEY:

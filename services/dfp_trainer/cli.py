@@ -23,6 +23,7 @@ def group():
 @click.option("--idle-exit", type=float, default=None, help="Exit after this many idle seconds.")
 def worker(settings: TrainerSettings, max_tasks, idle_exit):
     """Claim train jobs from the Redis stream and run them (resuming from checkpoints)."""
+    from dfp_shared.job_types import TRAIN
     from dfp_shared.jobs import JobStore
     from dfp_shared.queue import TaskQueue
     from dfp_shared.redis_conn import connect
@@ -42,7 +43,7 @@ def worker(settings: TrainerSettings, max_tasks, idle_exit):
         start_metrics_server(settings.metrics_port)  # what the pod's probes check
         follow(settings, r, StopSignals().install().stop)
         return
-    queue = TaskQueue(r, "train", lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
+    queue = TaskQueue(r, TRAIN.stream, lease_ms=settings.lease_ms, max_deliveries=settings.max_deliveries)
     worker = Worker(queue, JobStore(r), TrainHandler(settings, r))
     run_worker(worker, settings.metrics_port, max_tasks=max_tasks, idle_exit_s=idle_exit)
 

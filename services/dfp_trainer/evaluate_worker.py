@@ -1,7 +1,7 @@
 """The trainer workers' handler of ``evaluate`` jobs (their plan task arrives on the ``train`` stream).
 
-One task runs the whole evaluation (:func:`.evaluation.evaluate_job`); the storage URIs are checked
-against the operator's roots before any I/O and the output prefix is claimed for the job's owner.
+One task runs the whole evaluation (:func:`.evaluation.evaluate_job`), admitted as every job task is
+(:class:`~dfp_shared.worker.JobHandler`: spec validated, storage URIs checked, output prefix claimed).
 A stop (SIGTERM) gives the task back and the next worker runs it again from the start (the report
 is written once, at the end); a cancel ends it between prompts.
 """
@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import logging
 
+from dfp_shared.job_flow import finish_job
 from dfp_shared.jobs import JobState
-from dfp_shared.ownership import OutputClaims
 from dfp_shared.queue import Task
 from dfp_shared.specs.evaluate import EvaluateSpec
-from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.submit import finish_job
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
 from .evaluation import REPORT_NAME, EvaluateError, evaluate_job
@@ -25,18 +23,13 @@ log = logging.getLogger(__name__)
 
 
 class EvaluateHandler:
-    def __init__(self, settings: TrainerSettings, redis_client, roots: StorageRoots, claims: OutputClaims):
-        self.settings, self.r, self.roots, self.claims = settings, redis_client, roots, claims
+    """Runs an admitted task of an evaluate job (the train stream's :class:`~.worker.TrainHandler` admits it)."""
+
+    def __init__(self, settings: TrainerSettings, redis_client):
+        self.settings, self.r = settings, redis_client
 
     def __call__(self, task: Task, ctx: TaskContext) -> None:
-        job = ctx.jobs.get(task.job_id)
-        try:
-            spec = EvaluateSpec.model_validate(job.spec)
-        except ValueError as exc:
-            finish_job(self.r, task.job_id, JobState.failed, error=f"invalid evaluate spec: {exc}")
-            return
-        self.roots.check_spec("evaluate", spec)  # the task may come from anyone who can write to Redis
-        self.claims.claim(spec.output, job.owner, task.job_id, parent_id=job.parent_id)
+        spec: EvaluateSpec = ctx.spec
         log.info("evaluation claimed", extra={"job_id": task.job_id, "deliveries": task.deliveries})
 
         def progress(done: int, total: int) -> None:

@@ -24,13 +24,14 @@ import threading
 import time
 from pathlib import Path
 
+from dfp_shared.job_flow import finish_job
+from dfp_shared.job_types import EVALUATE, TRAIN
 from dfp_shared.jobs import JobState
 from dfp_shared.ownership import OutputClaims
 from dfp_shared.queue import Task
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.submit import finish_job
-from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
+from dfp_shared.worker import JobHandler, TaskCancelled, TaskContext, TaskReleased
 from redis.exceptions import RedisError
 
 from .data import DataError
@@ -43,7 +44,7 @@ from .settings import TrainerSettings, scratch_dir
 log = logging.getLogger(__name__)
 
 
-class TrainHandler:
+class TrainHandler(JobHandler):
     """``handler(task, ctx)`` of the shared worker loop for the ``train`` stream (whose ``evaluate`` jobs
     go to :class:`~.evaluate_worker.EvaluateHandler`)."""
 
@@ -52,21 +53,13 @@ class TrainHandler:
         self.r = redis_client
         self.roots = StorageRoots.from_settings(settings)
         self.claims = OutputClaims(self.roots, settings.s3_endpoint_url)
-        self.evaluate = EvaluateHandler(settings, redis_client, self.roots, self.claims)
+        self.evaluate = EvaluateHandler(settings, redis_client)
 
-    def __call__(self, task: Task, ctx: TaskContext) -> None:
-        job = ctx.jobs.get(task.job_id)
-        if job.type == "evaluate":
+    def handle(self, task: Task, ctx: TaskContext) -> None:
+        if ctx.job_type is EVALUATE:
             self.evaluate(task, ctx)
             return
-        try:
-            spec = TrainSpec.model_validate(job.spec)
-        except ValueError as exc:
-            finish_job(self.r, task.job_id, JobState.failed, error=f"invalid train spec: {exc}")
-            return
-        # before any I/O (resume reads the output prefix): the task may come from anyone who can write to Redis
-        self.roots.check_spec("train", spec)
-        self.claims.claim(spec.output, job.owner, task.job_id, parent_id=job.parent_id)
+        spec: TrainSpec = ctx.spec
         lease = TrainLease(self.r, task.job_id, self._owner(), self.settings.lease_ms)
         holder = lease.acquire()
         if holder is not None:  # another group or pod trains it now (it took over a stalled lease)
@@ -222,7 +215,7 @@ def _allowed(roots: StorageRoots, run: dict) -> bool:
     """The claimant checked the spec; a member checks it again, since a run may come from anyone who
     can write to Redis."""
     try:
-        roots.check_spec("train", TrainSpec.model_validate_json(run["spec"]))
+        roots.check_spec(TRAIN.name, TrainSpec.model_validate_json(run["spec"]))
     except ValueError as exc:
         log.error("group run refused", extra={"job_id": run["job_id"], "error": str(exc)})
         return False

@@ -10,7 +10,7 @@ import pytest
 from dfp_api.settings import ApiSettings
 from dfp_shared.config import ConfigError, load_settings
 from dfp_shared.jobs import JobStore
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from fastapi.testclient import TestClient
 
 from .conftest import READ_KEY, WRITE_KEY, auth, key_entries
@@ -42,7 +42,7 @@ def test_missing_and_wrong_keys_are_401(anon):
 
 def test_read_only_key_lists_and_watches_but_cannot_write(anon, redis_client):
     # a job of the read-only key's own principal (made as another service of its holder would)
-    job_id = submit_job(redis_client, "generate", GEN["spec"], owner="reader")[0].id
+    job_id = queue_job(redis_client, "generate", GEN["spec"], owner="reader")[0].id
     reader = auth(READ_KEY)
     assert anon.get("/v1/jobs", headers=reader).json()["total"] == 1
     assert anon.get(f"/v1/jobs/{job_id}", headers=reader).json()["state"] == "queued"

@@ -11,7 +11,7 @@ from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.models import load_causal_lm
 from dfp_shared.queue import TaskQueue
 from dfp_shared.stop_tokens import stop_token_ids
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.tokenizer_assets import load_tokenizer
 from dfp_shared.worker import Worker
 from dfp_trainer.evaluate import chat_prompt_ids
@@ -140,7 +140,7 @@ def test_the_worker_refuses_a_prompt_set_outside_the_roots(redis_server, redis_c
                                                            drafter_dir):
     # queued straight into Redis, past the API's check: the worker checks again before any I/O
     spec = _spec(drafter_dir, tiny_qwen3_dir, ["file:///etc/passwd.jsonl"], f"file://{tmp_path}/out")
-    job, _ = submit_job(redis_client, "evaluate", spec)
+    job, _ = queue_job(redis_client, "evaluate", spec)
     assert _worker(redis_server, redis_client).run(max_tasks=1, idle_exit_s=5) == 1
     rec = JobStore(redis_client).get(job.id)
     assert rec.state == JobState.failed and "spec.prompts.0" in rec.error and "outside" in rec.error

@@ -6,8 +6,9 @@ import hashlib
 import json
 
 import pytest
+from dfp_shared.job_flow import finish_job
 from dfp_shared.jobs import JobStore
-from dfp_shared.submit import finish_job, submit_job
+from dfp_shared.submit import queue_job
 from fastapi.testclient import TestClient
 
 from .conftest import READ_KEY, WRITE_KEY, auth
@@ -51,7 +52,7 @@ def test_a_job_records_the_principal_that_submitted_it(client, redis_client):
 
 
 def test_pipeline_stages_inherit_the_pipeline_s_owner(redis_client):
-    pipeline, _ = submit_job(redis_client, "pipeline", PIPE["spec"], owner="alice")
+    pipeline, _ = queue_job(redis_client, "pipeline", PIPE["spec"], owner="alice")
     jobs = JobStore(redis_client)
     assert pipeline.owner == "alice"
     generate = jobs.get(pipeline.outputs["generate_job"])
@@ -116,7 +117,7 @@ def test_an_admin_key_sees_and_cancels_every_job_and_may_submit(client):
 
 
 def test_jobs_without_an_owner_are_visible_to_admins_only(client, redis_client):
-    legacy, _ = submit_job(redis_client, "generate", GEN["spec"])
+    legacy, _ = queue_job(redis_client, "generate", GEN["spec"])
     assert legacy.owner is None
     assert client.get(f"/v1/jobs/{legacy.id}", headers=auth(WRITE_KEY)).status_code == 404
     assert client.get(f"/v1/jobs/{legacy.id}", headers=auth(ADMIN_KEY)).json()["owner"] is None

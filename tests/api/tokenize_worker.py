@@ -10,11 +10,12 @@ import json
 import threading
 
 import redis
+from dfp_shared.job_types import TOKENIZE
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.submit import PLAN_KEY
 from dfp_shared.worker import Worker
-from dfp_tokenizer.tasks import FINALIZE_KEY, KIND, EncoderCache, TokenizeHandler
+from dfp_tokenizer.tasks import FINALIZE_KEY, EncoderCache, TokenizeHandler
 
 
 def start_worker(r: redis.Redis, encoders: EncoderCache,
@@ -27,7 +28,7 @@ def start_worker(r: redis.Redis, encoders: EncoderCache,
             gate.wait(30)
         return handler(task, ctx)
 
-    worker = Worker(TaskQueue(r, KIND), JobStore(r), gated, block_ms=200)
+    worker = Worker(TaskQueue(r, TOKENIZE.stream), JobStore(r), gated, block_ms=200)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     return worker, thread

@@ -138,15 +138,15 @@ def main() -> None:
 
     import uvloop
     from dfp_shared.jobs import JobStore
-    from dfp_shared.submit import submit_job
+    from dfp_shared.submit import queue_job
 
     from tests.support.servers import RedisServer, free_port
 
     redis_server = RedisServer().start()
     try:
         r = redis_server.client()
-        job, _ = submit_job(r, "tokenize", {"input": "s3://bench/completions/", "output": "s3://bench/tokens",
-                                            "tokenizer": "/models/qwen3"}, owner="bench")
+        job, _ = queue_job(r, "tokenize", {"input": "s3://bench/completions/", "output": "s3://bench/tokens",
+                                           "tokenizer": "/models/qwen3"}, owner="bench")
         jobs = JobStore(r)
         jobs.start(job.id)
         jobs.set_totals(job.id, files=1000, tasks=1000)

@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 from dfp_dev.local.redis_server import free_port, wait_for_port
+from dfp_shared.job_types import TOKENIZE
 from dfp_shared.queue import GROUP, stream_name
 from dfp_shared.storage import open_store
 from dfp_shared.token_shards import load_dataset
-from dfp_tokenizer.tasks import KIND as TOKENIZE
 from redis import Redis, ResponseError
 
 from tests.support.chart import render_objects
@@ -115,7 +115,7 @@ def wait_for(pred, what: str, cluster: LocalCluster, timeout: float = 300, every
 def freeze_holding_a_task(redis: Redis, pgid: int, cluster: LocalCluster, timeout: float = 400) -> str:
     """Stop (SIGSTOP) the process group ``pgid`` at a moment one of its consumers holds a tokenize
     task, so a kill that follows provably lands mid-task. Returns the held task's stream id."""
-    stream = stream_name(TOKENIZE)
+    stream = stream_name(TOKENIZE.stream)
 
     def held() -> str | None:
         try:

@@ -23,7 +23,7 @@ from dfp_generation.tasks import GenerationHandler, GenerationWorker
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage import open_store
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 
 from tests.trainer.data_support import self_generated_samples, write_dataset
 from tests.trainer.train_support import ROOT, subprocess_env, tiny_spec, torch_threads
@@ -137,7 +137,7 @@ def test_generate_job_with_the_openai_engine_equals_the_transformers_engine(serv
     for engine, extra in (("transformers", {"model": str(servable_target)}),
                           ("openai", {"openai_model": model, "concurrency": 2})):
         out = tmp_path / engine
-        job, _ = submit_job(redis_client, "generate", {**common, **extra, "engine": engine, "output": str(out)})
+        job, _ = queue_job(redis_client, "generate", {**common, **extra, "engine": engine, "output": str(out)})
         with torch_threads(1):
             GenerationWorker(GenerationHandler(redis_client, settings), block_ms=200).run(idle_exit_s=1.0)
         record = JobStore(redis_client).get(job.id)

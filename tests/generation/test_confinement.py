@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dfp_generation.settings import GenerationSettings
-from dfp_generation.tasks import KIND, GenerationHandler, GenerationWorker
+from dfp_generation.tasks import GenerationHandler, GenerationWorker
+from dfp_shared.job_types import GENERATE
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.submit import PLAN_KEY
@@ -24,8 +25,8 @@ def test_forged_jobs_outside_the_root_are_refused_before_any_io(redis_server, re
     }
     ids = {}
     for field, spec in specs.items():  # written straight into Redis: no API check ran
-        job, _ = jobs.create(KIND, spec, owner="mallory")
-        TaskQueue(redis_client, KIND).enqueue(job.id, PLAN_KEY, {"plan": True})
+        job, _ = jobs.create(GENERATE.name, spec, owner="mallory")
+        TaskQueue(redis_client, GENERATE.stream).enqueue(job.id, PLAN_KEY, {"plan": True})
         ids[field] = job.id
     GenerationWorker(GenerationHandler(redis_client, settings), block_ms=200).run(idle_exit_s=1.5)
     for field, job_id in ids.items():

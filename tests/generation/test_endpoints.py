@@ -15,7 +15,7 @@ from dfp_shared.config import ConfigError, load_settings
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.specs.generate import GenerateSpec
-from dfp_shared.submit import PLAN_KEY, submit_job
+from dfp_shared.submit import PLAN_KEY, queue_job
 
 from .conftest import read_jsonl, write_jsonl
 from .openai_server import LoopbackOpenAI
@@ -58,7 +58,7 @@ def test_a_spec_url_is_refused_and_the_worker_key_never_reaches_it(tmp_path, red
     spec = {"prompts": prompts(tmp_path), "output": str(tmp_path / "o"), "engine": "openai",
             "openai_base_url": attacker.base_url, "openai_model": "m"}
     with pytest.raises(ValueError, match="openai_base_url.*openai_endpoint"):
-        submit_job(redis_client, "generate", spec)
+        queue_job(redis_client, "generate", spec)
 
     job_id = queue_raw_job(redis_client, spec)
     run_worker(redis_client, settings_for(redis_server, openai_base_url=configured.base_url,
@@ -94,9 +94,9 @@ def test_jobs_pick_configured_endpoints_by_name_each_with_its_own_key(tmp_path, 
                             openai_endpoints=json.dumps({"other": {"url": other.base_url, "model": "other-model",
                                                                    "api_key_env": "TEST_OTHER_OPENAI_KEY"}}))
     base = {"prompts": prompts(tmp_path), "engine": "openai", "shard_size": 2, "concurrency": 1}
-    unnamed, _ = submit_job(redis_client, "generate", {**base, "output": str(tmp_path / "a")})
-    named, _ = submit_job(redis_client, "generate", {**base, "output": str(tmp_path / "b"),
-                                                     "openai_endpoint": "other"})
+    unnamed, _ = queue_job(redis_client, "generate", {**base, "output": str(tmp_path / "a")})
+    named, _ = queue_job(redis_client, "generate", {**base, "output": str(tmp_path / "b"),
+                                                    "openai_endpoint": "other"})
     run_worker(redis_client, settings)
     jobs = JobStore(redis_client)
     assert jobs.get(unnamed.id).state == JobState.succeeded, jobs.get(unnamed.id).error
@@ -117,8 +117,8 @@ def test_a_key_file_is_read_and_an_endpoint_without_a_key_gets_no_header(tmp_pat
         "keyed": {"url": keyed.base_url, "api_key_file": str(key_file)}, "open": open_.base_url}))
     base = {"prompts": prompts(tmp_path, 1), "engine": "openai", "openai_model": "m"}
     for name in ("keyed", "open"):
-        job, _ = submit_job(redis_client, "generate", {**base, "output": str(tmp_path / name),
-                                                       "openai_endpoint": name})
+        job, _ = queue_job(redis_client, "generate", {**base, "output": str(tmp_path / name),
+                                                      "openai_endpoint": name})
         run_worker(redis_client, settings)
         assert JobStore(redis_client).get(job.id).state == JobState.succeeded
     # the default endpoint's key (DFLASH_OPENAI_API_KEY) goes to the default endpoint only
@@ -130,9 +130,9 @@ def test_an_unknown_name_fails_the_job_at_once_naming_the_configured_ones(tmp_pa
     default, other = servers
     settings = settings_for(redis_server, openai_base_url=default.base_url, openai_api_key=WORKER_KEY,
                             openai_endpoints=json.dumps({"other": other.base_url}))
-    job, _ = submit_job(redis_client, "generate", {"prompts": prompts(tmp_path), "output": str(tmp_path / "o"),
-                                                   "engine": "openai", "openai_model": "m",
-                                                   "openai_endpoint": "elsewhere"})
+    job, _ = queue_job(redis_client, "generate", {"prompts": prompts(tmp_path), "output": str(tmp_path / "o"),
+                                                  "engine": "openai", "openai_model": "m",
+                                                  "openai_endpoint": "elsewhere"})
     run_worker(redis_client, settings)
     rec = JobStore(redis_client).get(job.id)
     assert rec.state == JobState.failed

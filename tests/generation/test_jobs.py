@@ -18,7 +18,7 @@ from dfp_generation.tasks import GenerationHandler, GenerationWorker
 from dfp_shared.completions import read_manifest
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.storage import open_store
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 
 from tests.support.servers import free_port
 
@@ -64,7 +64,7 @@ def test_job_to_s3_counts_progress_and_rerun_skips(tmp_path, redis_server, redis
             "openai_model": "target", "shard_size": 4, "concurrency": 3,
             "max_retries": 2}
     settings = settings_for(redis_server, s3_endpoint_url=s3_server.endpoint_url, openai_base_url=openai_server.base_url)
-    job, _ = submit_job(redis_client, "generate", spec)
+    job, _ = queue_job(redis_client, "generate", spec)
     run_worker(redis_client, settings)
     rec = JobStore(redis_client).get(job.id)
     assert rec.state == JobState.succeeded, rec.error
@@ -89,7 +89,7 @@ def test_job_to_s3_counts_progress_and_rerun_skips(tmp_path, redis_server, redis
 
     # the same spec again into the same output: every shard is skipped, nothing is regenerated
     served = openai_server.status_counts[200]
-    job2, _ = submit_job(redis_client, "generate", spec)
+    job2, _ = queue_job(redis_client, "generate", spec)
     run_worker(redis_client, settings)
     rec2 = JobStore(redis_client).get(job2.id)
     assert rec2.state == JobState.succeeded and rec2.counters["completions"] == 9
@@ -99,13 +99,13 @@ def test_job_to_s3_counts_progress_and_rerun_skips(tmp_path, redis_server, redis
 
 def test_job_fails_fast_on_a_spec_it_cannot_run(tmp_path, redis_server, redis_client):
     make_prompts(tmp_path / "p.jsonl", 2)
-    job, _ = submit_job(redis_client, "generate", {"prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "o"),
-                                                   "engine": "openai"})
+    job, _ = queue_job(redis_client, "generate", {"prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "o"),
+                                                  "engine": "openai"})
     run_worker(redis_client, settings_for(redis_server), idle_exit_s=0.5)
     rec = JobStore(redis_client).get(job.id)
     assert rec.state == JobState.failed and "DFLASH_OPENAI_BASE_URL" in rec.error
-    job, _ = submit_job(redis_client, "generate", {"prompts": str(tmp_path / "nothing-here"),
-                                                   "output": str(tmp_path / "o"), "model": str(tmp_path)})
+    job, _ = queue_job(redis_client, "generate", {"prompts": str(tmp_path / "nothing-here"),
+                                                  "output": str(tmp_path / "o"), "model": str(tmp_path)})
     run_worker(redis_client, settings_for(redis_server), idle_exit_s=0.5)
     rec = JobStore(redis_client).get(job.id)
     assert rec.state == JobState.failed and "no prompt files" in rec.error
@@ -115,7 +115,7 @@ def test_cancel_stops_a_running_shard(tmp_path, redis_server, redis_client):
     server = LoopbackOpenAI(latency=0.3).start()
     try:
         make_prompts(tmp_path / "p.jsonl", 40)
-        job, _ = submit_job(redis_client, "generate", {
+        job, _ = queue_job(redis_client, "generate", {
             "prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "o"), "engine": "openai",
             "openai_model": "m", "shard_size": 40, "concurrency": 1})
         worker = GenerationWorker(GenerationHandler(redis_client, settings_for(redis_server, openai_base_url=server.base_url)),
@@ -149,7 +149,7 @@ def test_worker_killed_mid_shard_job_completes_with_every_prompt_once(tmp_path, 
     server = LoopbackOpenAI(latency=0.1).start()
     try:
         ids = make_prompts(tmp_path / "p.jsonl", 36, faults={4: "[[always500]]", 20: "[[500x1]]", 30: "[[429x1]]"})
-        job, _ = submit_job(redis_client, "generate", {
+        job, _ = queue_job(redis_client, "generate", {
             "prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "out"), "engine": "openai",
             "openai_model": "m", "shard_size": 12, "concurrency": 2,
             "max_retries": 2})
@@ -196,7 +196,7 @@ def test_pipeline_generate_output_feeds_the_tokenizer_unchanged(tmp_path, redis_
     from dfp_tokenizer.settings import TokenizerSettings
 
     make_prompts(tmp_path / "p.jsonl", 6, bad_lines=(2,))
-    pipeline, _ = submit_job(redis_client, "pipeline", {
+    pipeline, _ = queue_job(redis_client, "pipeline", {
         "generate": {"prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "gen"), "engine": "openai",
                      "openai_model": "m", "shard_size": 2,
                      "samples_per_prompt": 2},
@@ -227,7 +227,7 @@ def test_shutdown_checkpoints_and_releases_the_shard_for_another_worker(tmp_path
     server = LoopbackOpenAI(latency=0.1).start()
     try:
         ids = make_prompts(tmp_path / "p.jsonl", 30)
-        job, _ = submit_job(redis_client, "generate", {
+        job, _ = queue_job(redis_client, "generate", {
             "prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "o"), "engine": "openai",
             "openai_model": "m", "shard_size": 30, "concurrency": 1})
         settings = settings_for(redis_server, openai_base_url=server.base_url)
@@ -258,7 +258,7 @@ def test_transformers_job_through_the_worker(tmp_path, redis_server, redis_clien
     import torch
 
     ids = make_prompts(tmp_path / "p.jsonl", 3)
-    job, _ = submit_job(redis_client, "generate", {
+    job, _ = queue_job(redis_client, "generate", {
         "prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "o"), "model": str(tiny_qwen3_dir),
         "max_new_tokens": 4, "temperature": 0, "shard_size": 2})
     threads = torch.get_num_threads()

@@ -9,10 +9,11 @@ import time
 from dfp_generation.engines import GenResult
 from dfp_generation.live import ShardProgress
 from dfp_generation.settings import GenerationSettings
-from dfp_generation.tasks import KIND, GenerationHandler, GenerationWorker
+from dfp_generation.tasks import GenerationHandler, GenerationWorker
+from dfp_shared.job_types import GENERATE
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.queue import TaskQueue
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 
 from .conftest import read_jsonl
 from .openai_server import LoopbackOpenAI
@@ -23,7 +24,7 @@ PROMPTS = 8
 
 def one_shard_job(tmp_path, redis_client, server) -> str:
     make_prompts(tmp_path / "p.jsonl", PROMPTS)
-    job, _ = submit_job(redis_client, "generate", {
+    job, _ = queue_job(redis_client, "generate", {
         "prompts": str(tmp_path / "p.jsonl"), "output": str(tmp_path / "o"), "engine": "openai",
         "openai_model": "m", "shard_size": PROMPTS, "concurrency": 1})
     return job.id
@@ -88,7 +89,7 @@ def test_a_shard_taken_over_from_a_dead_worker_is_not_counted_twice(tmp_path, re
                                          "progress_interval_s": 0})
         GenerationWorker(GenerationHandler(redis_client, settings), block_ms=200).run(max_tasks=1)  # the plan
         # a worker claims the shard, reports 3 prompts done, and dies (its task stays pending)
-        [task] = TaskQueue(redis_client, KIND, lease_ms=1000).claim("dead-worker", block_ms=1000)
+        [task] = TaskQueue(redis_client, GENERATE.stream, lease_ms=1000).claim("dead-worker", block_ms=1000)
         assert task.key == "shard-00000"
         dead = ShardProgress(redis_client, job_id, task.key, 1, every_s=0)
         for i in range(3):

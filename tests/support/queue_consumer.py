@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import time
 
+from dfp_shared.job_flow import finish_job
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.redis_conn import connect
-from dfp_shared.submit import finish_job
 from dfp_shared.worker import Worker
 
 

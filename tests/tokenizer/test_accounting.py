@@ -7,7 +7,7 @@ import json
 
 import pytest
 from dfp_shared.jobs import JobStore
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.token_shards import load_dataset
 from dfp_tokenizer.files import tokenize_file
 
@@ -53,8 +53,8 @@ def test_job_over_an_empty_file_succeeds_with_an_empty_dataset(redis_client, tmp
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "empty.jsonl").write_bytes(b"")
     out = tmp_path / "out"
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(tmp_path / "in"), "output": str(out),
-                                                   "tokenizer": str(qwen3_tokenizer_dir)})
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(tmp_path / "in"), "output": str(out),
+                                                  "tokenizer": str(qwen3_tokenizer_dir)})
     run_until_idle(redis_client)
     rec = JobStore(redis_client).get(job.id)
     assert rec.state.value == "succeeded", rec.error
@@ -65,8 +65,8 @@ def test_job_with_lines_but_no_usable_sample_fails_without_a_manifest(redis_clie
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "blank.jsonl").write_bytes(b"\n\n{not json}\n")
     out = tmp_path / "out"
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(tmp_path / "in"), "output": str(out),
-                                                   "tokenizer": str(qwen3_tokenizer_dir)})
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(tmp_path / "in"), "output": str(out),
+                                                  "tokenizer": str(qwen3_tokenizer_dir)})
     run_until_idle(redis_client)
     rec = JobStore(redis_client).get(job.id)
     assert rec.state.value == "failed" and "3 bad lines" in rec.error

@@ -6,19 +6,20 @@ from __future__ import annotations
 import json
 import os
 
+from dfp_shared.job_types import TOKENIZE
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.storage import open_store
 from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.submit import PLAN_KEY, submit_job
+from dfp_shared.submit import PLAN_KEY, queue_job
 from dfp_shared.worker import Worker
-from dfp_tokenizer.tasks import KIND, EncoderCache, TokenizeHandler
+from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler
 
 from .corpus import jsonl, records
 
 
 def run_worker(r, roots: StorageRoots, endpoint_url: str | None = None) -> None:
-    queue = TaskQueue(r, KIND, lease_ms=5000)
+    queue = TaskQueue(r, TOKENIZE.stream, lease_ms=5000)
     handler = TokenizeHandler(r, EncoderCache(endpoint_url), endpoint_url, roots)
     Worker(queue, JobStore(r), handler, block_ms=100).run(idle_exit_s=1.0)
 
@@ -26,8 +27,8 @@ def run_worker(r, roots: StorageRoots, endpoint_url: str | None = None) -> None:
 def forged_job(r, spec: dict, owner: str | None = None) -> str:
     """A job written straight into Redis, as anyone who can write to Redis could: no API check ran."""
     jobs = JobStore(r)
-    job, _ = jobs.create(KIND, spec, owner=owner)
-    TaskQueue(r, KIND).enqueue(job.id, PLAN_KEY, {"plan": True})
+    job, _ = jobs.create(TOKENIZE.name, spec, owner=owner)
+    TaskQueue(r, TOKENIZE.stream).enqueue(job.id, PLAN_KEY, {"plan": True})
     return job.id
 
 
@@ -59,8 +60,9 @@ def test_a_symlinked_input_file_is_not_read(redis_client, tmp_path, qwen3_tokeni
     (root / "in" / "ok.jsonl").write_bytes(jsonl(records(5, seed=6)))
     os.symlink(secret, root / "in" / "leak.jsonl")
     roots = StorageRoots([f"file://{root}", f"file://{qwen3_tokenizer_dir}"])
-    listed, _ = submit_job(redis_client, KIND, {"input": f"file://{root}/in/", "output": f"file://{root}/out",
-                                                "tokenizer": str(qwen3_tokenizer_dir)}, roots=roots)
+    listed, _ = queue_job(redis_client, TOKENIZE.name, {"input": f"file://{root}/in/",
+                                                        "output": f"file://{root}/out",
+                                                        "tokenizer": str(qwen3_tokenizer_dir)}, roots=roots)
     run_worker(redis_client, roots)
     rec = JobStore(redis_client).get(listed.id)
     assert rec.state.value == "succeeded", rec.error
@@ -79,10 +81,10 @@ def test_a_forged_file_task_outside_the_input_is_refused(redis_client, tmp_path,
     (root / "elsewhere").mkdir()
     (root / "elsewhere" / "x.jsonl").write_bytes(jsonl(records(2, seed=8)))
     roots = StorageRoots([f"file://{root}", f"file://{qwen3_tokenizer_dir}"])
-    job, _ = submit_job(redis_client, KIND, {"input": f"file://{root}/in/", "output": f"file://{root}/out",
-                                             "tokenizer": str(qwen3_tokenizer_dir)}, roots=roots)
-    TaskQueue(redis_client, KIND).enqueue(job.id, "x.jsonl", {"file": f"file://{root}/elsewhere/x.jsonl",
-                                                             "rel": "x.jsonl", "name": "x"})
+    job, _ = queue_job(redis_client, TOKENIZE.name, {"input": f"file://{root}/in/", "output": f"file://{root}/out",
+                                                     "tokenizer": str(qwen3_tokenizer_dir)}, roots=roots)
+    TaskQueue(redis_client, TOKENIZE.stream).enqueue(job.id, "x.jsonl", {"file": f"file://{root}/elsewhere/x.jsonl",
+                                                                         "rel": "x.jsonl", "name": "x"})
     run_worker(redis_client, roots)
     rec = JobStore(redis_client).get(job.id)
     assert rec.state.value == "failed" and "task.file" in rec.error and "not under" in rec.error
@@ -95,14 +97,14 @@ def test_another_principals_dataset_is_never_overwritten(redis_client, tmp_path,
     roots = StorageRoots([f"file://{root}", f"file://{qwen3_tokenizer_dir}"])
     spec = {"input": f"file://{root}/in/", "output": f"file://{root}/datasets/alice",
             "tokenizer": str(qwen3_tokenizer_dir)}
-    alice, _ = submit_job(redis_client, KIND, spec, roots=roots, owner="alice")
+    alice, _ = queue_job(redis_client, TOKENIZE.name, spec, roots=roots, owner="alice")
     run_worker(redis_client, roots)
     assert JobStore(redis_client).get(alice.id).state.value == "succeeded"
     manifest = (root / "datasets" / "alice" / "manifest.json").read_bytes()
 
     (root / "in" / "a.jsonl").write_bytes(jsonl(records(2, seed=10)))
-    bob, _ = submit_job(redis_client, KIND, spec, roots=roots, owner="bob")
-    again, _ = submit_job(redis_client, KIND, spec, roots=roots, owner="alice")
+    bob, _ = queue_job(redis_client, TOKENIZE.name, spec, roots=roots, owner="bob")
+    again, _ = queue_job(redis_client, TOKENIZE.name, spec, roots=roots, owner="alice")
     run_worker(redis_client, roots)
     rec = JobStore(redis_client).get(bob.id)
     assert rec.state.value == "failed" and "belongs to 'alice'" in rec.error
@@ -116,8 +118,9 @@ def test_a_spec_without_output_gets_a_prefix_of_its_own(redis_client, tmp_path, 
     (root / "in").mkdir(parents=True)
     (root / "in" / "a.jsonl").write_bytes(jsonl(records(3, seed=11)))
     roots = StorageRoots([f"file://{root}", f"file://{qwen3_tokenizer_dir}"])
-    job, _ = submit_job(redis_client, KIND, {"input": f"file://{root}/in/", "tokenizer": str(qwen3_tokenizer_dir)},
-                        roots=roots, owner="carol")
+    job, _ = queue_job(redis_client, TOKENIZE.name, {"input": f"file://{root}/in/",
+                                                     "tokenizer": str(qwen3_tokenizer_dir)},
+                       roots=roots, owner="carol")
     assert job.spec["output"] == f"file://{root}/jobs/{job.id}/"
     run_worker(redis_client, roots)
     rec = JobStore(redis_client).get(job.id)

@@ -9,16 +9,17 @@ import subprocess
 import sys
 import textwrap
 
+from dfp_shared.job_types import TOKENIZE
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.specs.tokenize import TokenizeSpec
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.token_shards import load_dataset
 from dfp_shared.worker import Worker
 from dfp_tokenizer.encoder import SampleEncoder
 from dfp_tokenizer.files import shard_name, tokenize_file
 from dfp_tokenizer.limits import EncodeLimits
-from dfp_tokenizer.tasks import KIND, EncoderCache, TokenizeHandler
+from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler
 
 from tests.support.cli import ROOT, cli_env
 
@@ -38,7 +39,7 @@ LONG_LINE = json.dumps({"id": "long", "messages": [{"role": "user", "content": "
 
 
 def run_until_idle(r, encoders: EncoderCache | None = None, max_deliveries: int = 3) -> Worker:
-    queue = TaskQueue(r, KIND, lease_ms=5000, max_deliveries=max_deliveries)
+    queue = TaskQueue(r, TOKENIZE.stream, lease_ms=5000, max_deliveries=max_deliveries)
     worker = Worker(queue, JobStore(r), TokenizeHandler(r, encoders or EncoderCache()), block_ms=100)
     worker.run(idle_exit_s=1.0)
     return worker
@@ -55,8 +56,8 @@ def test_records_that_break_parsing_or_tokenizing_are_counted_and_the_job_succee
     (inp / "mixed.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
     # the surrogate shares a tokenizer batch with good samples: only it may be lost
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(out),
-                                                   "tokenizer": str(qwen3_tokenizer_dir), "samples_per_batch": 64})
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(inp), "output": str(out),
+                                                  "tokenizer": str(qwen3_tokenizer_dir), "samples_per_batch": 64})
     run_until_idle(redis_client, EncoderCache(limits=EncodeLimits(max_line_bytes=16384)), max_deliveries=1)
 
     rec = JobStore(redis_client).get(job.id)

@@ -5,20 +5,21 @@ from __future__ import annotations
 import gzip
 import json
 
+from dfp_shared.job_types import TOKENIZE
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.storage import open_store
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.token_shards import load_dataset
 from dfp_shared.worker import Worker
 from dfp_tokenizer.files import shard_name
-from dfp_tokenizer.tasks import KIND, EncoderCache, TokenizeHandler, TokenizeWorker
+from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler, TokenizeWorker
 
 from .corpus import jsonl, records
 
 
 def run_until_idle(r, max_deliveries: int = 3) -> Worker:
-    queue = TaskQueue(r, KIND, lease_ms=5000, max_deliveries=max_deliveries)
+    queue = TaskQueue(r, TOKENIZE.stream, lease_ms=5000, max_deliveries=max_deliveries)
     worker = Worker(queue, JobStore(r), TokenizeHandler(r, EncoderCache()), block_ms=100)
     worker.run(idle_exit_s=1.0)
     return worker
@@ -50,8 +51,8 @@ def test_bad_lines_are_reported_and_good_samples_kept(redis_client, tmp_path, qw
     (inp / "nested" / "b.jsonl.gz").write_bytes(gzip.compress(jsonl(good[20:])))
     (inp / "ignored.txt").write_text("not an input")
     out = tmp_path / "out"
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(out),
-                                                   "tokenizer": str(qwen3_tokenizer_dir), "max_length": 4096})
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(inp), "output": str(out),
+                                                  "tokenizer": str(qwen3_tokenizer_dir), "max_length": 4096})
     run_until_idle(redis_client)
 
     rec = JobStore(redis_client).get(job.id)
@@ -80,20 +81,20 @@ def test_unreadable_file_fails_its_task_then_the_job(redis_client, tmp_path, qwe
     inp.mkdir()
     (inp / "ok.jsonl").write_bytes(jsonl(records(5)))
     (inp / "broken.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00garbage-not-gzip")
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
-                                                   "tokenizer": str(qwen3_tokenizer_dir)})
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
+                                                  "tokenizer": str(qwen3_tokenizer_dir)})
     run_until_idle(redis_client, max_deliveries=2)
     rec = JobStore(redis_client).get(job.id)
     assert rec.state.value == "failed"
     assert "broken.jsonl.gz" in rec.error and "gzip" in rec.error and "2 times" in rec.error
-    dead = TaskQueue(redis_client, KIND).dead_letters()
+    dead = TaskQueue(redis_client, TOKENIZE.stream).dead_letters()
     assert [d["key"] for d in dead] == ["broken.jsonl.gz"]
 
 
 def test_empty_input_prefix_fails_clearly(redis_client, tmp_path, qwen3_tokenizer_dir):
     (tmp_path / "in").mkdir()
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(tmp_path / "in"), "output": str(tmp_path / "out"),
-                                                   "tokenizer": str(qwen3_tokenizer_dir)})
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(tmp_path / "in"), "output": str(tmp_path / "out"),
+                                                  "tokenizer": str(qwen3_tokenizer_dir)})
     run_until_idle(redis_client)
     rec = JobStore(redis_client).get(job.id)
     assert rec.state.value == "failed" and "no input files" in rec.error
@@ -106,9 +107,9 @@ def test_tokenizer_directory_on_object_storage(redis_client, s3_server, s3_bucke
     for f in qwen3_tokenizer_dir.iterdir():
         store.put(f"tok/{f.name}", f.read_bytes())
     store.put("in/c.jsonl", jsonl(records(12, seed=3)))
-    job, _ = submit_job(redis_client, "tokenize", {"input": f"{s3_bucket}/in/", "output": f"{s3_bucket}/out",
-                                                   "tokenizer": f"{s3_bucket}/tok", "thinking": False})
-    queue = TaskQueue(redis_client, KIND, lease_ms=5000)
+    job, _ = queue_job(redis_client, "tokenize", {"input": f"{s3_bucket}/in/", "output": f"{s3_bucket}/out",
+                                                  "tokenizer": f"{s3_bucket}/tok", "thinking": False})
+    queue = TaskQueue(redis_client, TOKENIZE.stream, lease_ms=5000)
     handler = TokenizeHandler(redis_client, EncoderCache(s3_server.endpoint_url, str(tmp_path / "cache")),
                               s3_server.endpoint_url)
     Worker(queue, JobStore(redis_client), handler, block_ms=100).run(idle_exit_s=1.0)
@@ -124,8 +125,8 @@ def test_worker_dying_between_counting_the_last_file_and_queueing_finalize(redis
     (already counted) task must still lead to ``finalize`` and a finished job."""
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "only.jsonl").write_bytes(jsonl(records(4)))
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(tmp_path / "in"), "output": str(tmp_path / "out"),
-                                                   "tokenizer": str(qwen3_tokenizer_dir)})
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(tmp_path / "in"), "output": str(tmp_path / "out"),
+                                                  "tokenizer": str(qwen3_tokenizer_dir)})
     real_enqueue = TaskQueue.enqueue
     calls = []
 
@@ -136,7 +137,7 @@ def test_worker_dying_between_counting_the_last_file_and_queueing_finalize(redis
         return real_enqueue(self, job_id, key, payload)
 
     monkeypatch.setattr(TaskQueue, "enqueue", dying_enqueue)
-    queue = TaskQueue(redis_client, KIND, lease_ms=5000)
+    queue = TaskQueue(redis_client, TOKENIZE.stream, lease_ms=5000)
     TokenizeWorker(queue, JobStore(redis_client), TokenizeHandler(redis_client, EncoderCache()),
                    block_ms=100).run(idle_exit_s=1.0)
     rec = JobStore(redis_client).get(job.id)

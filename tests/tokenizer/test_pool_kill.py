@@ -17,7 +17,7 @@ import numpy as np
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import GROUP, stream_name
 from dfp_shared.storage import open_store
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.token_shards import load_dataset
 from dfp_shared.tokenizer_assets import load_tokenizer
 
@@ -55,8 +55,8 @@ def test_sigkill_mid_job_every_sample_exactly_once(redis_server, redis_client, s
         store.put(f"in/part-{f:03d}.jsonl", jsonl(recs[f * PER_FILE:(f + 1) * PER_FILE]))
     for f in qwen3_tokenizer_dir.iterdir():
         store.put(f"tok/{f.name}", f.read_bytes())
-    job, _ = submit_job(redis_client, "tokenize", {"input": f"{s3_bucket}/in/", "output": f"{s3_bucket}/out",
-                                                   "tokenizer": f"{s3_bucket}/tok", "samples_per_batch": 16})
+    job, _ = queue_job(redis_client, "tokenize", {"input": f"{s3_bucket}/in/", "output": f"{s3_bucket}/out",
+                                                  "tokenizer": f"{s3_bucket}/tok", "samples_per_batch": 16})
     env = cli_env(DFLASH_REDIS_URL=redis_server.url, DFLASH_S3_ENDPOINT_URL=s3_server.endpoint_url,
                   DFLASH_LEASE_MS="1500", DFLASH_CACHE_DIR=str(tmp_path / "cache"), DFLASH_LOG_LEVEL="WARNING",
                   DFLASH_RESTART_DELAY_S="0.2", AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")

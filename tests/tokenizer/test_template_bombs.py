@@ -11,14 +11,15 @@ import sys
 import textwrap
 
 import pytest
+from dfp_shared.job_types import TOKENIZE
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.specs.tokenize import TokenizeSpec
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.worker import Worker
 from dfp_tokenizer.encoder import SampleEncoder
 from dfp_tokenizer.limits import EncodeLimits, TemplateUnavailable
-from dfp_tokenizer.tasks import KIND, EncoderCache, TokenizeHandler
+from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler
 from transformers.utils.chat_template_utils import _cached_compile_jinja_template as stock_compile
 
 from tests.support.cli import ROOT, cli_env
@@ -162,10 +163,10 @@ def test_a_job_with_bombs_succeeds_with_its_good_records(redis_client, tmp_path,
     inp = tmp_path / "in"
     inp.mkdir()
     (inp / "f.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
-                                                   "tokenizer": str(llama_style_tokenizer_dir),
-                                                   "chat_template": bomb_template(bombs)})
-    queue = TaskQueue(redis_client, KIND, lease_ms=3000, max_deliveries=3)
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
+                                                  "tokenizer": str(llama_style_tokenizer_dir),
+                                                  "chat_template": bomb_template(bombs)})
+    queue = TaskQueue(redis_client, TOKENIZE.stream, lease_ms=3000, max_deliveries=3)
     Worker(queue, JobStore(redis_client), TokenizeHandler(redis_client, EncoderCache(limits=EncodeLimits())),
            block_ms=100).run(idle_exit_s=1.0)
     rec = JobStore(redis_client).get(job.id)

@@ -11,12 +11,13 @@ import threading
 import time
 
 import pytest
+from dfp_shared.job_types import TOKENIZE
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import GROUP, TaskQueue, stream_name
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.worker import Worker
 from dfp_tokenizer.limits import EncodeLimits
-from dfp_tokenizer.tasks import KIND, EncoderCache, TokenizeHandler
+from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler
 
 from tests.support.cli import cli_cmd, cli_env
 
@@ -42,7 +43,7 @@ def write_input(tmp_path, recs: list[dict]):
 
 
 def worker_for(r, limits: EncodeLimits, lease_ms: int = 3000) -> Worker:
-    queue = TaskQueue(r, KIND, lease_ms=lease_ms, max_deliveries=3)
+    queue = TaskQueue(r, TOKENIZE.stream, lease_ms=lease_ms, max_deliveries=3)
     return Worker(queue, JobStore(r), TokenizeHandler(r, EncoderCache(limits=limits)), block_ms=100)
 
 
@@ -50,9 +51,9 @@ def worker_for(r, limits: EncodeLimits, lease_ms: int = 3000) -> Worker:
 def test_runaway_render_is_a_counted_bad_line(redis_client, tmp_path, llama_style_tokenizer_dir):
     recs = records(6, seed=3)
     inp = write_input(tmp_path, recs[:3] + [hang_record(0)] + recs[3:] + [hang_record(1)])
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
-                                                   "tokenizer": str(llama_style_tokenizer_dir),
-                                                   "chat_template": HANG_ON_MARK})
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
+                                                  "tokenizer": str(llama_style_tokenizer_dir),
+                                                  "chat_template": HANG_ON_MARK})
     t0 = time.monotonic()
     worker_for(redis_client, EncodeLimits(template_timeout_s=0.5)).run(idle_exit_s=1.0)
     assert time.monotonic() - t0 < 60
@@ -68,21 +69,21 @@ def test_runaway_render_is_a_counted_bad_line(redis_client, tmp_path, llama_styl
 @pytest.mark.timeout(120)
 def test_a_template_that_always_runs_away_fails_the_job_clearly(redis_client, tmp_path, llama_style_tokenizer_dir):
     inp = write_input(tmp_path, records(3, seed=1))
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
-                                                   "tokenizer": str(llama_style_tokenizer_dir),
-                                                   "chat_template": HANG_ALWAYS})
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
+                                                  "tokenizer": str(llama_style_tokenizer_dir),
+                                                  "chat_template": HANG_ALWAYS})
     t0 = time.monotonic()
     worker_for(redis_client, EncodeLimits(template_timeout_s=0.5)).run(idle_exit_s=1.0)
     assert time.monotonic() - t0 < 60
     rec = JobStore(redis_client).get(job.id)
     assert rec.state.value == "failed"
     assert "chat_template" in rec.error and "budget" in rec.error, rec.error
-    assert TaskQueue(redis_client, KIND).dead_letters() == []  # failed at once, not after retries
+    assert TaskQueue(redis_client, TOKENIZE.stream).dead_letters() == []  # failed at once, not after retries
 
 
 def file_task_pending(r) -> dict | None:
-    for row in r.xpending_range(stream_name(KIND), GROUP, "-", "+", 50):
-        fields = r.xrange(stream_name(KIND), row["message_id"], row["message_id"])
+    for row in r.xpending_range(stream_name(TOKENIZE.stream), GROUP, "-", "+", 50):
+        fields = r.xrange(stream_name(TOKENIZE.stream), row["message_id"], row["message_id"])
         if fields and fields[0][1].get("key", "").endswith(".jsonl"):
             return row
     return None
@@ -101,9 +102,9 @@ def wait_for(cond, timeout: float, what: str):
 @pytest.mark.timeout(120)
 def test_cancel_stops_a_render_in_hand_within_seconds(redis_client, tmp_path, llama_style_tokenizer_dir):
     inp = write_input(tmp_path, [hang_record(0)] + records(2, seed=2))
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
-                                                   "tokenizer": str(llama_style_tokenizer_dir),
-                                                   "chat_template": HANG_ON_MARK})
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
+                                                  "tokenizer": str(llama_style_tokenizer_dir),
+                                                  "chat_template": HANG_ON_MARK})
     # a budget far beyond the test: only the cancel can end this render
     worker = worker_for(redis_client, EncodeLimits(template_timeout_s=3600), lease_ms=1500)
     thread = threading.Thread(target=worker.run, kwargs={"idle_exit_s": 1.0}, daemon=True)  # as in the pool
@@ -122,9 +123,9 @@ def test_cancel_stops_a_render_in_hand_within_seconds(redis_client, tmp_path, ll
 def test_second_sigterm_stops_a_worker_rendering_a_runaway_template(redis_server, redis_client, tmp_path,
                                                                    llama_style_tokenizer_dir):
     inp = write_input(tmp_path, [hang_record(0)])
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
-                                                   "tokenizer": str(llama_style_tokenizer_dir),
-                                                   "chat_template": HANG_ON_MARK})
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(inp), "output": str(tmp_path / "out"),
+                                                  "tokenizer": str(llama_style_tokenizer_dir),
+                                                  "chat_template": HANG_ON_MARK})
     env = cli_env(DFLASH_REDIS_URL=redis_server.url, DFLASH_LEASE_MS="60000", DFLASH_TEMPLATE_TIMEOUT_S="3600",
                   DFLASH_LOG_LEVEL="WARNING", DFLASH_CACHE_DIR=str(tmp_path / "cache"))
     log = open(tmp_path / "worker.log", "wb")

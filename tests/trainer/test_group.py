@@ -17,7 +17,7 @@ import pytest
 import torch
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.storage import open_store
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from redis import Redis
 
 from tests.support.chart import render_objects
@@ -78,7 +78,7 @@ def assert_same_weights(got: dict, want: dict) -> None:
 def run_group_job(cluster: LocalCluster, spec: dict, during=None) -> tuple[JobStore, str]:
     r = Redis(port=cluster.service_ports[("dflash-redis", 6379)], decode_responses=True)
     jobs = JobStore(r)
-    job, _ = submit_job(r, "train", spec)
+    job, _ = queue_job(r, "train", spec)
     cluster.start(TRAINER)  # both members of the group
     assert len(cluster.pods[TRAINER]) == 2
     if during:
@@ -143,7 +143,7 @@ def test_a_cancel_or_sigterm_stops_every_rank_with_one_checkpoint(group, tmp_pat
 
     r = Redis(port=group.service_ports[("dflash-redis", 6379)], decode_responses=True)
     jobs = JobStore(r)
-    job, _ = submit_job(r, "train", spec)
+    job, _ = queue_job(r, "train", spec)
     group.start(TRAINER)
     wait_for(lambda: jobs.get(job.id).counters.get("steps", 0) >= 3, "the group training", group)
     assert len(ranks()) == 4  # in each pod, torchrun and its one rank

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.queue import TaskQueue
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.worker import Worker
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler
@@ -33,8 +33,8 @@ def test_another_principals_run_is_not_resumed_overwritten_or_pruned(redis_serve
     output = tmp_path / "runs" / "alice-run"
 
     def run(owner: str, **over) -> str:
-        job, _ = submit_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{output}", **over),
-                            owner=owner)
+        job, _ = queue_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{output}", **over),
+                           owner=owner)
         Worker(TaskQueue(redis_client, "train", lease_ms=settings.lease_ms), jobs,
                TrainHandler(settings, redis_client), heartbeat_s=0.5).run(max_tasks=1, idle_exit_s=5)
         return job.id

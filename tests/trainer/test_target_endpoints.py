@@ -15,7 +15,7 @@ from dfp_shared.config import ConfigError, load_settings
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.submit import PLAN_KEY, submit_job
+from dfp_shared.submit import PLAN_KEY, queue_job
 from dfp_shared.worker import Worker
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler, child_env
@@ -73,7 +73,7 @@ def test_a_free_target_address_in_a_spec_is_refused_and_never_dialled(tmp_path, 
                                                                       tiny_qwen3_dir, tiny_dataset, listener):
     spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out", target_url=listener.address)
     with pytest.raises(ValueError, match="target_url.*target_endpoint"):
-        submit_job(redis_client, "train", spec)
+        queue_job(redis_client, "train", spec)
 
     # the same spec written straight into Redis, past the API
     job, _ = JobStore(redis_client).create("train", spec, primary_unit="steps")
@@ -96,8 +96,8 @@ def test_an_unconfigured_name_fails_the_job_at_once(tmp_path, redis_server, redi
     settings = TrainerSettings(redis_url=redis_server.url, device="cpu", target_url=listener.address,
                                target_endpoints=json.dumps({"big": "127.0.0.1:1"}))
     for name in ("elsewhere", "inprocess"):
-        job, _ = submit_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/{name}",
-                                                             target_endpoint=name))
+        job, _ = queue_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/{name}",
+                                                            target_endpoint=name))
         run_one(redis_client, settings)
         rec = JobStore(redis_client).get(job.id)
         assert rec.state == JobState.failed, rec.error

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from dfp_shared.job_types import TOKENIZE
 from dfp_shared.jobs import JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.token_shards import load_dataset
 from dfp_shared.worker import Worker
-from dfp_tokenizer.tasks import KIND, EncoderCache, TokenizeHandler
+from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler
 from dfp_trainer.distributed import DistInfo
 from dfp_trainer.prepare import TrainError, prepare
 
@@ -35,9 +36,9 @@ def _tokenize(redis_client, tmp_path, tokenizer_dir, thinking: bool) -> str:
         {"role": "assistant", "content": f"{topic.capitalize()} are interesting in many ways, fact {i}.",
          "reasoning_content": f"The user asks about {topic}; answer briefly."}]}) for i, topic in enumerate(TOPICS)]
     (inp / "part.jsonl").write_text("\n".join(lines) + "\n")
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(inp), "output": str(out),
-                                                   "tokenizer": str(tokenizer_dir), "thinking": thinking})
-    Worker(TaskQueue(redis_client, KIND, lease_ms=5000), JobStore(redis_client),
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(inp), "output": str(out),
+                                                  "tokenizer": str(tokenizer_dir), "thinking": thinking})
+    Worker(TaskQueue(redis_client, TOKENIZE.stream, lease_ms=5000), JobStore(redis_client),
            TokenizeHandler(redis_client, EncoderCache()), block_ms=100).run(idle_exit_s=1.0)
     rec = JobStore(redis_client).get(job.id)
     assert rec.state.value == "succeeded", rec.error

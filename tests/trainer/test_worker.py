@@ -10,7 +10,7 @@ import pytest
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.storage import open_store
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.worker import Worker
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler
@@ -44,7 +44,7 @@ def test_worker_completes_a_train_job_and_reports_progress(redis_server, redis_c
     output = f"{s3_bucket}/runs/r1"
     spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, output, steps=5, checkpoint_every=2, eval_prompts=2,
                      eval_max_new_tokens=6, target_endpoint="grpc")
-    job, _ = submit_job(redis_client, "train", spec)
+    job, _ = queue_job(redis_client, "train", spec)
     settings = TrainerSettings(redis_url=redis_server.url, s3_endpoint_url=s3_server.endpoint_url, device="cpu",
                                progress_every_s=0.001, target_endpoints=json.dumps({"grpc": target_server}))
     jobs = JobStore(redis_client)
@@ -99,7 +99,7 @@ def test_worker_fails_a_job_with_a_foreign_dataset_at_once(tmp_path, redis_serve
                                                            tiny_samples, nproc):
     foreign = write_dataset(f"file://{tmp_path}/foreign", *tiny_samples, tiny_qwen3_dir,
                             fingerprint="0000111122223333")
-    job, _ = submit_job(redis_client, "train", tiny_spec(foreign, tiny_qwen3_dir, f"file://{tmp_path}/out"))
+    job, _ = queue_job(redis_client, "train", tiny_spec(foreign, tiny_qwen3_dir, f"file://{tmp_path}/out"))
     done = subprocess.run(cli("trainer", "worker", "--max-tasks", "1", "--idle-exit", "10",
                               "--redis-url", redis_server.url),
                           env=subprocess_env(DFLASH_NPROC_PER_NODE=nproc), capture_output=True, text=True,
@@ -116,8 +116,8 @@ def test_a_killed_worker_s_job_resumes_on_another_worker(tmp_path, redis_server,
                                                          tiny_dataset):
     """SIGKILL the worker mid-run: the task's lease expires, the next worker reclaims it and resumes."""
     output = f"file://{tmp_path}/out"
-    job, _ = submit_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, output, steps=8,
-                                                         checkpoint_every=2))
+    job, _ = queue_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, output, steps=8,
+                                                        checkpoint_every=2))
     env = subprocess_env(DFLASH_LEASE_MS=2000)
     proc = subprocess.Popen(cli("trainer", "worker", "--redis-url", redis_server.url), env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -156,8 +156,8 @@ def test_torchrun_children_serve_the_trainer_gauges(tmp_path, redis_server, redi
     import httpx
     from dfp_dev.local.redis_server import free_port
 
-    job, _ = submit_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out",
-                                                         steps=4))
+    job, _ = queue_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out",
+                                                        steps=4))
     port = free_port()
     proc = subprocess.Popen(cli("trainer", "worker", "--redis-url", redis_server.url),
                             env=subprocess_env(DFLASH_NPROC_PER_NODE=2, DFLASH_METRICS_PORT=port),

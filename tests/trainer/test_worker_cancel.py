@@ -10,7 +10,7 @@ from dfp_api.service import cancel
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.queue import TaskQueue
 from dfp_shared.storage import open_store
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.worker import Worker
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler
@@ -23,8 +23,8 @@ PLANNED = 400
 def test_cancel_mid_train_stops_the_run_and_the_job_ends_cancelled(tmp_path, redis_server, redis_client,
                                                                    tiny_qwen3_dir, tiny_dataset):
     output = f"file://{tmp_path}/out"
-    job, _ = submit_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, output, steps=PLANNED,
-                                                         checkpoint_every=PLANNED, eval_prompts=2))
+    job, _ = queue_job(redis_client, "train", tiny_spec(tiny_dataset, tiny_qwen3_dir, output, steps=PLANNED,
+                                                        checkpoint_every=PLANNED, eval_prompts=2))
     settings = TrainerSettings(redis_url=redis_server.url, device="cpu", progress_every_s=0.001)
     jobs = JobStore(redis_client)
     queue = TaskQueue(redis_client, "train", lease_ms=settings.lease_ms)

@@ -13,9 +13,8 @@ JSON Lines files are downloaded a window at a time, as they always were.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 
 from dfp_shared.prompts import Prompt, PromptSource, iter_prompts, parse_line, resolve_prompt_set, split_lines
 from dfp_shared.record_sources import LINES, detect_format

@@ -33,7 +33,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from .record_sources import DEFAULT_MAX_RECORD_BYTES, LINES, RecordError, detect_format, iter_records, select_inputs, unit_of
+from .record_sources import (
+    DEFAULT_MAX_RECORD_BYTES,
+    LINES,
+    RecordError,
+    detect_format,
+    iter_records,
+    select_inputs,
+    unit_of,
+)
 from .storage import NotFound, ObjectStore, StorageError, open_store, split_uri, visible
 
 MAX_RECORD_BYTES = DEFAULT_MAX_RECORD_BYTES

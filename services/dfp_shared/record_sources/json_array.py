@@ -18,8 +18,8 @@ begins deep in a big file skips to its start this way). What cannot be read is a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import zlib
+from collections.abc import Iterator
 from typing import BinaryIO
 
 import ijson

@@ -8,7 +8,14 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dfp_shared.prompts import Prompt, PromptError, iter_prompts, parse_prompt, read_prompt_set, resolve_prompt_set
+from dfp_shared.prompts import (
+    Prompt,
+    PromptError,
+    iter_prompts,
+    parse_prompt,
+    read_prompt_set,
+    resolve_prompt_set,
+)
 from dfp_shared.storage import open_store
 
 

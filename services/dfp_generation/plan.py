@@ -1,15 +1,23 @@
 """Splitting a prompt set into shard tasks.
 
-Every line of every prompt file belongs to exactly one shard, given as line ranges
-(``segments``) so a task carries no prompt text. A shard holds ``shard_size`` readable prompts;
-unreadable lines stay inside the range of the shard that covers them, and that shard reports them.
+Every record of every prompt file belongs to exactly one shard, given as ranges of positions
+(``segments``) so a task carries no prompt text: line ranges of JSON Lines files, record index
+ranges of JSON arrays, row ranges of Parquet/Arrow files (whose reader opens only the row groups or
+batches it covers; an array's reader parses past the records before its start without building
+them). A shard holds ``shard_size`` readable prompts; unreadable records stay inside the range of
+the shard that covers them, and that shard reports them.
+
+The planner reads every file once, streamed (a big array or Parquet file is never held whole);
+JSON Lines files are downloaded a window at a time, as they always were.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from dfp_shared.prompts import Prompt, PromptSource, parse_line, resolve_prompt_set, split_lines
+from dfp_shared.prompts import Prompt, PromptSource, iter_prompts, parse_line, resolve_prompt_set, split_lines
+from dfp_shared.record_sources import LINES, detect_format
 from dfp_shared.storage import open_store
 
 
@@ -17,7 +25,9 @@ from dfp_shared.storage import open_store
 class ShardPlan:
     index: int
     segments: list[dict] = field(default_factory=list)
-    """``{"file": key, "start": first line, "end": line after the last}`` (1-based)."""
+    """``{"file": key, "start": first line, "end": line after the last}`` (1-based) of a JSON Lines file;
+    other files' segments add ``"format"`` (see :mod:`dfp_shared.record_sources`) and count 0-based
+    records or rows."""
     prompts: int = 0
     bad_lines: int = 0
 
@@ -56,6 +66,39 @@ def _fetch(store, keys: list[str], window: int = 32):
         yield from store.get_many(keys[start:start + window])
 
 
+def _formats(store, keys: list[str]) -> list[str]:
+    """Each file's format (a ``.json`` file's first bytes are read to tell an array from JSON Lines)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(keys)))) as pool:
+        return list(pool.map(lambda k: detect_format(store, k), keys))
+
+
+def _files(store, keys: list[str]):
+    """(key, format, items) in order, ``items`` yielding (position, Prompt | PromptError | None)."""
+    formats = _formats(store, keys)
+    pending: list[str] = []  # JSON Lines files, fetched together
+
+    def lines_files():
+        for key, data in _fetch(store, pending):
+            lines = split_lines(data, store.url(key))
+            yield key, LINES, ((n, parse_line(raw, key, n)) for n, raw in enumerate(lines, start=1))
+        pending.clear()
+
+    for key, fmt in zip(keys, formats):
+        if fmt == LINES:
+            pending.append(key)
+            continue
+        yield from lines_files()
+        yield key, fmt, ((item.line, item) for item in iter_prompts(store, key, fmt=fmt, where=key))
+    yield from lines_files()
+
+
+def _segment(key: str, fmt: str, start: int, end: int) -> dict:
+    seg = {"file": key, "start": start, "end": end}
+    if fmt != LINES:
+        seg["format"] = fmt
+    return seg
+
+
 def plan_shards(prompts_uri: str, shard_size: int, endpoint_url: str | None = None) -> Plan:
     source = resolve_prompt_set(prompts_uri, endpoint_url=endpoint_url)
     store = open_store(source.root, endpoint_url=endpoint_url)
@@ -63,11 +106,11 @@ def plan_shards(prompts_uri: str, shard_size: int, endpoint_url: str | None = No
     cur = ShardPlan(0)
     seen: set[str] = set()  # prompt ids in the current shard (a repeat is reported, as the shard does)
     total_prompts = total_bad = 0
-    for key, data in _fetch(store, source.keys):
-        lines = split_lines(data, store.url(key))
-        seg_start, seg_lines = 1, 0  # seg_lines: non-blank lines in the open segment
-        for number, raw in enumerate(lines, start=1):
-            item = parse_line(raw, key, number)
+    for key, fmt, items in _files(store, source.keys):
+        first = 1 if fmt == LINES else 0
+        seg_start, seg_lines, last = first, 0, first - 1  # seg_lines: records (non-blank lines) in the open segment
+        for number, item in items:
+            last = number
             if item is None:
                 continue
             seg_lines += 1
@@ -79,12 +122,12 @@ def plan_shards(prompts_uri: str, shard_size: int, endpoint_url: str | None = No
             cur.prompts += 1
             total_prompts += 1
             if cur.prompts == shard_size:
-                cur.segments.append({"file": key, "start": seg_start, "end": number + 1})
+                cur.segments.append(_segment(key, fmt, seg_start, number + 1))
                 shards.append(cur)
                 cur, seg_lines, seg_start = ShardPlan(len(shards)), 0, number + 1
                 seen = set()
         if seg_lines:
-            cur.segments.append({"file": key, "start": seg_start, "end": len(lines) + 1})
+            cur.segments.append(_segment(key, fmt, seg_start, last + 1))
     if cur.segments and shards and not cur.prompts:  # only unreadable lines left: the last shard reports them
         shards[-1].segments += cur.segments
         shards[-1].bad_lines += cur.bad_lines

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 from dfp_shared.completions import completion_record, encode_records, errors_key, records_key
 from dfp_shared.prompts import Prompt, PromptError, iter_prompts
+from dfp_shared.record_sources import LINES
 from dfp_shared.specs.generate import GenerateSpec
 from dfp_shared.storage import NotFound, ObjectStore, open_store
 from prometheus_client import Counter
@@ -86,7 +87,7 @@ def completion_meta(prompt: Prompt, sample: int, req: GenRequest, res: GenResult
         "completion_tokens": res.completion_tokens,
         "prompt_id": prompt.id,
         "sample_index": sample,
-        "source": {"file": prompt.file, "line": prompt.line},
+        "source": prompt.place(),
     }
 
 
@@ -170,8 +171,7 @@ class ShardRunner:
                 outcome.truncated += rec["meta"]["truncated"]
                 outcome.output_tokens += res.completion_tokens
             else:
-                errors.append({"id": req.id, "prompt_id": prompt.id, "file": prompt.file, "line": prompt.line,
-                               "error": res.error, "attempts": res.attempts, "kind": "generation_failed"})
+                errors.append({"id": req.id, "prompt_id": prompt.id, **prompt.place(), "error": res.error, "attempts": res.attempts, "kind": "generation_failed"})
         outcome.completions = len(records)
         outcome.errors = len(errors) - len(unreadable)
         self.out.put(records_key(key), encode_records(records))
@@ -191,13 +191,14 @@ class ShardRunner:
         store = open_store(prompts_root, endpoint_url=self.endpoint_url)
         prompts, bad, seen = [], [], {}
         for seg in shard.segments:
-            for item in iter_prompts(store, seg["file"], seg["start"], seg["end"]):
+            for item in iter_prompts(store, seg["file"], seg["start"], seg["end"], fmt=seg.get("format", LINES)):
                 if isinstance(item, PromptError):
                     bad.append(item)
                 elif item.id in seen:
                     first = seen[item.id]
                     bad.append(PromptError(store.url(item.file), item.line,
-                                           f"id: duplicate prompt id {item.id!r} (first at line {first.line} of {first.file})"))
+                                           f"id: duplicate prompt id {item.id!r} (first at {first.unit} {first.line} "
+                                           f"of {first.file})", item.unit))
                 else:
                     seen[item.id] = item
                     prompts.append(item)

@@ -6,6 +6,7 @@ rooted at a URI; ``split_uri(uri)`` splits a full object URI into (store URI, ke
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import random
@@ -23,6 +24,7 @@ DEFAULT_WORKERS = 32
 MULTIPART_THRESHOLD = 64 * 1024 * 1024  # objects this large go up and down in parts
 MULTIPART_CHUNKSIZE = 16 * 1024 * 1024
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3 rejects smaller parts (but the last)
+RANGE_READ_SIZE = 8 * 1024 * 1024  # one ranged GET of a streamed object
 CLIENT_RETRIES = 3  # the boto3 client tries each request once more than this
 RETRY_ATTEMPTS = 5  # tries of each store operation, on top of the client's
 
@@ -85,6 +87,13 @@ class ObjectStore(ABC):
     @abstractmethod
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Create the object only if no object has that key (atomically); False if one already exists."""
+
+    def open_read(self, key: str) -> io.BufferedIOBase:
+        """A seekable binary stream over one object, read as it is consumed (the caller closes it).
+
+        This base version holds the object in memory; the stores below read it piece by piece.
+        """
+        return io.BytesIO(self.get(key))
 
     def get_file(self, key: str, dest: str | os.PathLike) -> Path:
         dest = Path(dest)
@@ -170,6 +179,15 @@ class LocalStore(ObjectStore):
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise NotFound(f"{self.url(key)}: no such object") from None
+
+    def open_read(self, key: str) -> io.BufferedIOBase:
+        path = self._path(key)
+        try:
+            if not path.is_file():
+                raise FileNotFoundError(path)
+            return open(path, "rb")  # noqa: SIM115 - the caller closes it
         except (FileNotFoundError, IsADirectoryError):
             raise NotFound(f"{self.url(key)}: no such object") from None
 
@@ -376,6 +394,12 @@ class S3Store(ObjectStore):
         k = self._key(key)
         return self._call(lambda: self.client.get_object(Bucket=self.bucket, Key=k)["Body"].read(), self.url(key))
 
+    def open_read(self, key: str, buffer_size: int = RANGE_READ_SIZE) -> io.BufferedIOBase:
+        """Ranged GETs of ``buffer_size`` bytes as the stream is read (seekable: Parquet reads its footer first)."""
+        k = self._key(key)
+        head = self._call(lambda: self.client.head_object(Bucket=self.bucket, Key=k), self.url(key))
+        return io.BufferedReader(_S3RangeReader(self, k, int(head["ContentLength"]), self.url(key)), buffer_size)
+
     def get_file(self, key: str, dest: str | os.PathLike) -> Path:
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -440,6 +464,40 @@ class S3Store(ObjectStore):
             self.client.head_bucket(Bucket=self.bucket)
         except Exception:
             self.client.create_bucket(Bucket=self.bucket)
+
+
+class _S3RangeReader(io.RawIOBase):
+    """A raw, seekable reader of one S3 object: each read is one ranged GET (retried like any other call)."""
+
+    def __init__(self, store: S3Store, key: str, size: int, url: str):
+        super().__init__()
+        self.store, self.key, self.size, self.where = store, key, size, url
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), self.size - self.pos)
+        if n <= 0:
+            return 0
+        rng = f"bytes={self.pos}-{self.pos + n - 1}"
+        data = self.store._call(lambda: self.store.client.get_object(Bucket=self.store.bucket, Key=self.key,
+                                                                     Range=rng)["Body"].read(), self.where)
+        buf[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
 
 
 def open_store(uri: str, endpoint_url: str | None = None, region: str = "us-east-1") -> ObjectStore:

@@ -1,8 +1,10 @@
-"""One input file to one token shard: read lines, parse, render, tokenize in batches, write.
+"""One input file to one token shard: read records, parse, render, tokenize in batches, write.
 
-The result holds the encoded shard (``dfp_shared.token_shards`` format), its manifest entry,
-the bad lines (file, line, reason) and the file's statistics, which the job's finalize step
-merges into ``stats.json``.
+Input files are JSON Lines (read line by line, as bytes in memory) or, streamed through the shared
+record readers (:mod:`dfp_shared.record_sources`), a JSON array of records, a Parquet file or an
+Arrow file of a ``datasets`` ``save_to_disk`` directory. The result holds the encoded shard
+(``dfp_shared.token_shards`` format), its manifest entry, the bad records (file, line / record /
+row, reason) and the file's statistics, which the job's finalize step merges into ``stats.json``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from dfp_shared.record_sources import (
+    JSON_ARRAY,
+    LINES,
+    RecordError,
+    detect_format,
+    iter_records,
+    select_inputs,
+    unit_of,
+)
+from dfp_shared.storage import ObjectStore
 from dfp_shared.token_shards import encode_shard, shard_entry
 from dfp_shared.worker import TaskCancelled, TaskReleased
 
@@ -32,10 +44,11 @@ from .records import (
     TEMPLATE_ERROR,
     SampleError,
     parse_line,
+    parse_record,
     short_detail,
 )
 
-INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".ndjson")
+INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz", ".ndjson", ".json", ".parquet", ".arrow")
 # sample length histogram: bucket i counts lengths in [EDGES[i], EDGES[i+1])
 HIST_EDGES = [0] + [2**k for k in range(5, 18)] + [2**62]
 CHECK_S = 1.0
@@ -44,6 +57,22 @@ ID_CHARS = 200
 
 class FileUnreadable(Exception):
     """The whole file cannot be read (missing, corrupt compression): the task fails and is retried."""
+
+
+def listed_inputs(store: ObjectStore, keys: list[str]) -> list[str]:
+    """The input files among the keys listed under an input prefix.
+
+    A plain ``.json`` file there counts only if it holds a JSON array of records: a prefix may hold
+    other JSON files (manifests, plans) that were never inputs. A file named on its own is read
+    whatever it holds.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = select_inputs(keys, INPUT_SUFFIXES)
+    plain = [k for k in keys if k.endswith(".json")]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(plain)))) as pool:
+        arrays = {k for k, fmt in zip(plain, pool.map(lambda k: detect_format(store, k), plain)) if fmt == JSON_ARRAY}
+    return [k for k in keys if not k.endswith(".json") or k in arrays]
 
 
 def shard_name(rel_key: str) -> str:
@@ -120,14 +149,44 @@ class FileResult:
     stats: FileStats
 
 
+def tokenize_input(store: ObjectStore, key: str, uri: str, shard_key: str, encoder: SampleEncoder, *,
+                   id_prefix: str, check: Callable[[], None] | None = None) -> FileResult:
+    """Tokenize one input file of ``store`` whatever its format (see :func:`tokenize_file`).
+
+    A JSON Lines file is read whole, as it always was; other files are streamed record by record, a
+    JSON-array record larger than the line limit being one ``record_too_long`` bad record.
+    """
+    fmt = detect_format(store, key)
+    if fmt == LINES:
+        data = store.get(key)
+        if check:
+            check()
+        return tokenize_file(data, uri, shard_key, encoder, id_prefix=id_prefix, check=check)
+    items = iter_records(store, key, fmt, max_record_bytes=encoder.limits.max_line_bytes)
+    return tokenize_items(items, uri, shard_key, encoder, id_prefix=id_prefix, unit=unit_of(fmt), check=check)
+
+
 def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder, *, id_prefix: str,
                   check: Callable[[], None] | None = None) -> FileResult:
-    """Tokenize every line of one input file (bytes) into one shard.
+    """Tokenize every line of one JSON Lines input file (bytes) into one shard.
 
     ``id_prefix`` names samples without an ``id`` (``<id_prefix>:<line>``); ``check`` is called
     between batches, at least every ``CHECK_S`` between records, and by the render watchdog during a
     render (raises to abandon the file, e.g. on cancel). Whatever goes wrong with one record makes it
     a bad line; only an unreadable file (or ``check``) ends the call early.
+    """
+    items = read_lines(data, uri, encoder.limits.max_line_bytes)
+    return tokenize_items(items, uri, shard_key, encoder, id_prefix=id_prefix, unit="line", check=check)
+
+
+def tokenize_items(items: Iterator[tuple[int, object]], uri: str, shard_key: str, encoder: SampleEncoder, *,
+                   id_prefix: str, unit: str, check: Callable[[], None] | None = None) -> FileResult:
+    """Tokenize the records of one file into one shard.
+
+    ``items`` yields ``(position, item)``: a JSON line (bytes), None for an over-long line, a decoded
+    record, or a :class:`~dfp_shared.record_sources.RecordError`. ``unit`` names what the positions
+    count (``line``, ``record``, ``row``) in the errors; a sample without an ``id`` is
+    ``<id_prefix>:<line>`` or ``<id_prefix>#<position>``.
     """
     stats = FileStats()
     errors: list[dict] = []
@@ -144,7 +203,7 @@ def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder,
     def bad(lineno: int, exc: SampleError, kept: bool = False) -> None:
         if not kept:
             stats.errors[exc.reason] += 1
-        errors.append({"file": uri, "line": lineno, "reason": exc.reason, "detail": short_detail(exc.detail),
+        errors.append({"file": uri, unit: lineno, "reason": exc.reason, "detail": short_detail(exc.detail),
                        **({"id": exc.sample_id[:ID_CHARS]} if exc.sample_id else {}), **({"kept": True} if kept else {})})
 
     def unique(lineno: int, sample) -> None:
@@ -181,18 +240,24 @@ def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder,
 
     max_line, max_chars = encoder.limits.max_line_bytes, encoder.limits.max_batch_chars
     checked = time.monotonic()
-    for lineno, line in read_lines(data, uri, max_line):
+    for lineno, line in items:
         if line is None:
             stats.lines += 1
             bad(lineno, SampleError(LINE_TOO_LONG, f"line longer than the limit of {max_line} bytes"))
             continue
         stats.lines += 1
-        if not line.strip():
+        if isinstance(line, RecordError):
+            bad(lineno, SampleError(line.code, line.reason))
+            continue
+        if isinstance(line, bytes) and not line.strip():
             bad(lineno, SampleError(BLANK_LINE, "blank line"))
             continue
         sample = None
         try:
-            sample = parse_line(line, f"{id_prefix}:{lineno}")
+            if isinstance(line, bytes):
+                sample = parse_line(line, f"{id_prefix}:{lineno}")
+            else:
+                sample = parse_record(line, f"{id_prefix}:{lineno}" if unit == "line" else f"{id_prefix}#{lineno}")
             unique(lineno, sample)
             batch.append(encoder.prepare(sample, check=check))
             batch_lines.append(lineno)

@@ -1,4 +1,5 @@
-"""Input records: one JSON object per line, normalised into chat messages.
+"""Input records (one JSON object per line, or per element of a JSON array, or a Parquet/Arrow row),
+normalised into chat messages.
 
 Accepted shapes (DESIGN.md's completion record plus the common public ones):
 
@@ -144,6 +145,12 @@ def parse_line(line: bytes | str, default_id: str) -> Sample:
         raise SampleError(MALFORMED_JSON, "JSON nested too deeply to parse") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise SampleError(MALFORMED_JSON, f"not valid JSON ({short_detail(str(exc))})") from None
+    return parse_record(obj, default_id)
+
+
+def parse_record(obj, default_id: str) -> Sample:
+    """A decoded record (a JSON line's object, a JSON-array element, a Parquet/Arrow row) as a
+    :class:`Sample` (raises :class:`SampleError`)."""
     if not isinstance(obj, dict):
         raise SampleError(NOT_AN_OBJECT, f"expected a JSON object, got {type(obj).__name__}")
     sid = record_id(obj, default_id)

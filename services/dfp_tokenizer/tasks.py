@@ -33,7 +33,7 @@ from dfp_shared.worker import JobHandler, TaskContext, Worker
 from prometheus_client import Counter
 
 from .encoder import SampleEncoder
-from .files import HIST_EDGES, INPUT_SUFFIXES, errors_jsonl, shard_name, tokenize_file
+from .files import HIST_EDGES, INPUT_SUFFIXES, errors_jsonl, listed_inputs, shard_name, tokenize_input
 from .limits import EncodeLimits, TemplateUnavailable
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class TokenizeHandler(JobHandler):
             if self._store(root).exists(key):
                 return [(uri, key.rsplit("/", 1)[-1])]
         store = self._store(uri)
-        return [(store.url(k), k) for k in visible(store.list("")) if k.endswith(INPUT_SUFFIXES)]
+        return [(store.url(k), k) for k in listed_inputs(store, list(visible(store.list(""))))]
 
     def plan(self, task: Task, spec: TokenizeSpec, queue: TaskQueue) -> None:
         inputs = self.list_inputs(spec.input)
@@ -152,10 +152,8 @@ class TokenizeHandler(JobHandler):
         uri, name = task.payload["file"], task.payload["name"]
         self.roots.check_inside(uri, spec.input, "task.file")
         root, key = split_uri(uri)
-        data = self._store(root).get(key)
-        ctx.check()
-        res = tokenize_file(data, uri, f"shards/{name}.safetensors", encoder, id_prefix=task.payload["rel"],
-                            check=ctx.check)
+        res = tokenize_input(self._store(root), key, uri, f"shards/{name}.safetensors", encoder,
+                             id_prefix=task.payload["rel"], check=ctx.check)
         out = self._store(spec.output)
         uploads = [(f"shards/{name}.safetensors", res.shard)]
         if res.errors:

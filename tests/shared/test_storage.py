@@ -47,6 +47,27 @@ def test_missing_key_is_a_clear_error(store):
         store.get("nope.bin")
 
 
+def test_open_read_streams_and_seeks(store):
+    data = os.urandom(3 * MiB + 17)
+    store.put("big.bin", data)
+    with store.open_read("big.bin") as f:
+        assert f.read(10) == data[:10]
+        f.seek(-7, os.SEEK_END)
+        assert f.read() == data[-7:]
+        f.seek(MiB)
+        assert f.read(MiB) == data[MiB:2 * MiB] and f.tell() == 2 * MiB
+    with pytest.raises(NotFound, match="nope.bin"):
+        store.open_read("nope.bin")
+
+
+def test_s3_open_read_gets_ranges(s3_server, s3_bucket):
+    store = open_store(s3_bucket, endpoint_url=s3_server.endpoint_url)
+    data = os.urandom(100_000)
+    store.put("x.bin", data)
+    with store.open_read("x.bin", buffer_size=4096) as f:
+        assert b"".join(iter(lambda: f.read(3000), b"")) == data
+
+
 def test_list_is_paginated_and_sorted(store):
     keys = [f"dir/{i:04d}.bin" for i in range(25)] + ["other/x.bin"]
     store.put_many((k, k.encode()) for k in keys)

@@ -13,7 +13,7 @@ from dfp_shared.completions import read_manifest
 from dfp_shared.jobs import JobState, JobStore
 from dfp_shared.prompts import Prompt, PromptError, iter_prompts
 from dfp_shared.storage import open_store
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 
 from .conftest import write_jsonl
 from .test_jobs import collect, run_worker, settings_for
@@ -82,7 +82,7 @@ def run_job(tmp_path, redis_server, redis_client, openai_server, prompts: str, s
     out = tmp_path / "out"
     spec = {"prompts": prompts, "output": str(out), "engine": "openai", "openai_model": "target",
             "shard_size": shard_size, "concurrency": 2, "max_retries": 1}
-    job, _ = submit_job(redis_client, "generate", spec)
+    job, _ = queue_job(redis_client, "generate", spec)
     run_worker(redis_client, settings_for(redis_server, openai_base_url=openai_server.base_url))
     return JobStore(redis_client).get(job.id), open_store(str(out))
 

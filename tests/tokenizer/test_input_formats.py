@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from dfp_shared.jobs import JobStore
 from dfp_shared.storage import open_store
-from dfp_shared.submit import submit_job
+from dfp_shared.submit import queue_job
 from dfp_shared.token_shards import load_dataset
 from dfp_tokenizer.encoder import SampleEncoder
 from dfp_tokenizer.files import tokenize_input
@@ -78,7 +78,7 @@ def test_job_over_an_array_a_parquet_file_and_a_jsonl_file(redis_client, tmp_pat
     (src / "c.jsonl").write_text(json.dumps(sharegpt(20)) + "\n")
     (src / "manifest.json").write_text(json.dumps({"not": "records"}))  # a plain JSON file is not an input
     out = tmp_path / "out"
-    job, _ = submit_job(redis_client, "tokenize", {"input": str(src), "output": str(out),
+    job, _ = queue_job(redis_client, "tokenize", {"input": str(src), "output": str(out),
                                                    "tokenizer": str(qwen3_tokenizer_dir)})
     run_until_idle(redis_client)
     rec = JobStore(redis_client).get(job.id)

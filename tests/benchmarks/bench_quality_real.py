@@ -1,0 +1,296 @@
+"""Drafter quality on a real pretrained target: τ of DFlash on MT-Bench and held-out ShareGPT prompts.
+
+The anchors' recipe, each stage the project's own code, on SmolLM2-135M-Instruct (imported from the GGUF
+file of its PyPI wheel, :mod:`dfp_dev.targets.smollm2`):
+
+1. prompts: ShareGPT V3's first user turns (its JSON array read by the project's streaming reader, the
+   cut-off last record counted), deduplicated, ordered by a hash of their text; a held-out slice (one
+   prompt in 20, by that hash) is never trained on; MT-Bench's 80 first turns for the evaluation;
+2. generation: the target answers the training prompts greedily (the generation service's transformers
+   engine; its tokens/s is reported, and with ``--vllm`` the OpenAI engine's against a real vLLM
+   serving the same target);
+3. tokenization (the tokenizer pool over a private Redis), with the target's own ChatML template;
+4. training for a fixed budget of steps (the trainer, target in process) with a recipe sized for CPUs;
+5. evaluation by the evaluate job's code: real greedy speculative decoding on MT-Bench and on the
+   held-out slice, trained and untrained DFlash beside n-gram speculation at the same draft length,
+   every output equal to the target's greedy one; with ``--vllm`` the real vLLM serves the drafter on
+   MT-Bench prompts and its acceptance counts are reported beside the project's.
+
+Project: τ of the trained drafter on MT-Bench. Baseline: n-gram speculation's τ there (goal: 2×).
+Limit: the block size. ``--levers`` (or ``--only``) adds one drafter per recipe lever. Stages are
+cached under ``--work`` by their inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import _common  # noqa: F401 - import path
+from _common import report
+from bench_quality import Stages, digest, read_records, untrained_export, write_prompts
+
+SEED = 0
+HELD_OUT_ONE_IN = 20
+MAX_PROMPT_CHARS = 1500  # first turns longer than this are left out (CPU budget)
+BASE_RECIPE = {"block_size": 8, "gamma": 4.0, "max_anchors": 16, "num_draft_layers": 1, "loss": "decay",
+               "lr": 3e-3, "lr_schedule": "cosine", "optimizer": "adamw"}
+LEVERS = {
+    "loss=dpace": {"loss": "dpace"},
+    "block_size=16": {"block_size": 16, "gamma": 7.0},
+    "layers=2": {"num_draft_layers": 2},
+    "layers=3": {"num_draft_layers": 3},
+    "anchors=32": {"max_anchors": 32},
+    "schedule=wsd": {"lr_schedule": "wsd"},
+    "optimizer=muon": {"optimizer": "muon"},
+}
+
+
+def first_turns(prompts) -> list[dict]:
+    """First user turns (a leading system message kept), deduplicated, each with a hash of its text."""
+    seen, out = set(), []
+    for p in prompts:
+        upto = next(i for i, m in enumerate(p.messages) if m["role"] == "user")
+        messages = p.messages[: upto + 1]
+        text = messages[-1]["content"].strip()
+        if not text or len(text) > MAX_PROMPT_CHARS:
+            continue
+        norm = re.sub(r"\s+", " ", text.lower())
+        if norm in seen:
+            continue
+        seen.add(norm)
+        out.append({"id": p.id, "messages": messages, "hash": hashlib.sha256(norm.encode()).hexdigest()})
+    return sorted(out, key=lambda r: r["hash"])
+
+
+def prepare_prompts(work: Path, train_n: int, heldout_n: int) -> dict:
+    from dfp_dev.prompt_sets import mtbench_file, sharegpt_file
+    from dfp_shared.prompts import read_prompt_set
+
+    source = sharegpt_file()
+    prompts, errors = read_prompt_set(f"file://{source}")
+    turns = first_turns(prompts)
+    held = [t for t in turns if int(t["hash"][:8], 16) % HELD_OUT_ONE_IN == 0]
+    train = [t for t in turns if int(t["hash"][:8], 16) % HELD_OUT_ONE_IN != 0]
+    files = {"train": work / "prompts" / "train.jsonl", "heldout": work / "prompts" / "heldout.jsonl"}
+    write_prompts(files["train"], [{"id": t["id"], "messages": t["messages"]} for t in train[:train_n]])
+    write_prompts(files["heldout"], [{"id": t["id"], "messages": t["messages"]} for t in held[:heldout_n]])
+    print(f"  prompts: ShareGPT {len(prompts)} read, {len(errors)} unreadable (last: {errors[-1].reason if errors else '-'}); "
+          f"{len(turns)} distinct first turns, {len(held)} held out; training on {min(train_n, len(train))}",
+          flush=True)
+    return {**files, "mtbench": mtbench_file(), "sharegpt_errors": len(errors), "first_turns": len(turns)}
+
+
+def generate(model_dir: Path, prompts: Path, max_new_tokens: int, out: Path, **engine) -> dict:
+    from dfp_generation.local import run_local
+    from dfp_generation.settings import GenerationSettings
+    from dfp_shared.specs.generate import GenerateSpec
+
+    spec = GenerateSpec.model_validate({
+        "prompts": f"file://{prompts}", "output": f"file://{out}", "model": f"file://{model_dir}",
+        "engine": "transformers", "temperature": 0.0, "max_new_tokens": max_new_tokens, "thinking": False,
+        "shard_size": 64, **engine.pop("spec", {})})
+    began = time.perf_counter()
+    run_local(spec, GenerationSettings(storage_url=f"file://{out.parent}", generation_batch_size=24, **engine))
+    seconds = time.perf_counter() - began
+    tokens = sum(r["meta"].get("completion_tokens", 0) for f in sorted((out / "completions").glob("*.jsonl"))
+                 for r in read_records(f))
+    figures = {"completion_tokens": tokens, "seconds": round(seconds, 1), "tokens_per_s": round(tokens / seconds, 1)}
+    (out / "throughput.json").write_text(json.dumps(figures))
+    return figures
+
+
+def tokenize(model_dir: Path, completions: Path, out: Path) -> None:
+    from dfp_dev.local.redis_server import RedisServer
+    from dfp_tokenizer.local import run_job
+    from dfp_tokenizer.settings import TokenizerSettings
+
+    redis = RedisServer().start()
+    try:
+        settings = TokenizerSettings(redis_url=redis.url, storage_url=f"file://{out.parent}", processes="1")
+        rec, _ = run_job(settings, {"input": f"file://{completions}/completions/", "output": f"file://{out}",
+                                    "tokenizer": f"file://{model_dir}", "thinking": False, "max_length": 1024,
+                                    "truncation": "truncate"})
+        if rec.state.value != "succeeded":
+            raise RuntimeError(f"tokenize job {rec.state.value}: {rec.error}")
+    finally:
+        redis.stop()
+
+
+def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path) -> None:
+    from dfp_shared.specs.train import TrainSpec
+    from dfp_trainer.run import run_local
+    from dfp_trainer.settings import TrainerSettings
+
+    spec = TrainSpec.model_validate({
+        "dataset": f"file://{dataset}", "target": f"file://{model_dir}", "output": f"file://{out}",
+        "steps": steps, "tokens_per_batch": 1024, "max_length": 1024, "warmup_ratio": 0.05,
+        "checkpoint_every": steps, "eval_prompts": 0, "seed": SEED, "exports": ["zlab"], **recipe})
+    result = run_local(spec, TrainerSettings(storage_url=f"file://{out.parent}", target_url="inprocess"), resume=False)
+    if not result.completed:
+        raise RuntimeError("training stopped before its last step")
+
+
+def evaluate(model_dir: Path, drafter: Path, prompt_sets: list[Path], prompts: int, max_new_tokens: int,
+             out: Path) -> None:
+    from dfp_shared.specs.evaluate import EvaluateSpec
+    from dfp_trainer.evaluate.job import evaluate_job
+
+    spec = EvaluateSpec.model_validate({"drafter": f"file://{drafter}", "target": f"file://{model_dir}",
+                                        "prompts": [f"file://{p}" for p in prompt_sets], "output": f"file://{out}",
+                                        "max_prompts": prompts, "max_new_tokens": max_new_tokens,
+                                        "enable_thinking": False})
+    evaluate_job(spec, device="cpu")
+
+
+def both_sets(eval_dir: Path) -> tuple[dict, dict]:
+    found = json.loads((eval_dir / "evaluation.json").read_text())["sets"]
+    return found[0], found[1]
+
+
+def served(model_dir: Path, drafter: Path, prompts: Path, limit: int, max_new_tokens: int, out: Path) -> None:
+    """The real vLLM serving the drafter beside the target (serve-check), on the first MT-Bench prompts."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "dfp_cli.main", "serve-check", "--target", str(model_dir), "--drafter", str(drafter),
+           "--prompts", f"file://{prompts}", "--limit", str(limit), "--max-new-tokens", str(max_new_tokens),
+           "--no-thinking", "--work-dir", str(out / "work"), "--json-out", str(out / "served.json")]
+    done = subprocess.run(cmd, stdin=subprocess.DEVNULL)
+    if not (out / "served.json").exists():
+        raise RuntimeError(f"serve-check failed (exit {done.returncode}); log under {out / 'work'}")
+
+
+def vllm_generation(model_dir: Path, prompts: Path, max_new_tokens: int, out: Path) -> dict:
+    """The OpenAI engine against a real vLLM serving the target (no drafter): the users' fast generation path."""
+    from dfp_dev.serving.vllm_env import ensure_env
+    from dfp_dev.serving.vllm_server import VllmServer
+
+    server = VllmServer(ensure_env(), model_dir, out)
+    server.start()
+    try:
+        return generate(model_dir, prompts, max_new_tokens, out, openai_base_url=server.base_url + "/v1",
+                        openai_model=str(model_dir),
+                        spec={"engine": "openai", "openai_endpoint": "default"})
+    finally:
+        server.stop()
+
+
+def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, untrained: bool = True) -> dict:
+    key = digest(ctx["dataset_key"], recipe, ctx["steps"])
+    print(f"recipe {name}: {recipe}", flush=True)
+    run = stages.run(f"train.{name}", key, lambda out: train(ctx["model"], ctx["dataset"], recipe, ctx["steps"], out))
+    eval_sets = [ctx["mtbench"], ctx["heldout"]]
+    evaluated = stages.run(f"evaluate.{name}", digest(key, ctx["eval_key"]), lambda out: evaluate(
+        ctx["model"], run / "drafter", eval_sets, ctx["eval_prompts"], ctx["eval_new_tokens"], out))
+    mt, held = both_sets(evaluated)
+    figures = {"tau_mtbench": mt["dflash"]["tau"], "tau_ngram_mtbench": mt["ngram"]["tau"],
+               "tau_heldout": held["dflash"]["tau"], "tau_ngram_heldout": held["ngram"]["tau"],
+               "tau_vllm_count_mtbench": mt["dflash"]["tau_vllm"],
+               "position_acceptance_mtbench": [round(p, 3) for p in mt["dflash"]["position_acceptance"]],
+               "ngram_position_acceptance_mtbench": [round(p, 3) for p in mt["ngram"]["position_acceptance"]],
+               "outputs_equal": all(p["outputs_equal"] for s in (mt, held) for p in s["per_prompt"]),
+               "block_size": recipe["block_size"], "run": run}
+    if untrained:
+        start_dir = stages.run(f"evaluate-untrained.{name}", digest(key, ctx["eval_key"], "untrained"), lambda out: (
+            untrained_export(ctx["model"], run / "drafter", out / "drafter"),
+            evaluate(ctx["model"], out / "drafter", eval_sets, ctx["eval_prompts"], ctx["eval_new_tokens"], out)))
+        figures["tau_untrained"] = both_sets(start_dir)[0]["dflash"]["tau"]
+    return figures
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                    / "dflash-pipeline" / "bench-quality-real", help="Cache of every stage's output.")
+    ap.add_argument("--train-prompts", type=int, default=384, help="ShareGPT first turns the target answers.")
+    ap.add_argument("--heldout-prompts", type=int, default=24, help="Held-out ShareGPT prompts evaluated.")
+    ap.add_argument("--eval-prompts", type=int, default=80, help="Prompts evaluated per set (MT-Bench has 80).")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="Tokens per training completion.")
+    ap.add_argument("--eval-new-tokens", type=int, default=64, help="Tokens per evaluated prompt.")
+    ap.add_argument("--steps", type=int, default=400, help="Drafter optimiser steps (the fixed training budget).")
+    ap.add_argument("--vllm", action="store_true", help="Also serve the drafter with the real vLLM, and generate "
+                                                         "with the OpenAI engine against it.")
+    ap.add_argument("--served-prompts", type=int, default=16, help="MT-Bench prompts the real vLLM serves.")
+    ap.add_argument("--levers", action="store_true", help="Also train and evaluate one drafter per recipe lever.")
+    ap.add_argument("--only", default=None, help=f"Comma-separated levers (of {', '.join(LEVERS)}); implies --levers.")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args()
+
+    import torch
+    from dfp_dev.targets.smollm2 import smollm2_dir
+    from dfp_shared.logs import setup_logging
+
+    setup_logging("INFO", service="bench-quality-real")
+    torch.set_num_threads(args.threads)
+    work = args.work.resolve()
+    stages = Stages(work)
+    began = time.perf_counter()
+    model = smollm2_dir()
+    stages.times["target"] = round(time.perf_counter() - began, 1)
+    began = time.perf_counter()
+    prompts = prepare_prompts(work, args.train_prompts, args.heldout_prompts)
+    stages.times["prompts"] = round(time.perf_counter() - began, 1)
+    train_records = read_records(prompts["train"])
+
+    gen_key = digest(model.name, train_records, args.max_new_tokens)
+    completions = stages.run("generate", gen_key, lambda out: generate(model, prompts["train"], args.max_new_tokens, out))
+    engine = json.loads((completions / "throughput.json").read_text())
+    dataset = stages.run("tokenize", digest(gen_key), lambda out: tokenize(model, completions, out))
+    ctx = {"model": model, "dataset": dataset, "dataset_key": digest(gen_key, "tokens"), "steps": args.steps,
+           "mtbench": prompts["mtbench"], "heldout": prompts["heldout"], "eval_prompts": args.eval_prompts,
+           "eval_new_tokens": args.eval_new_tokens,
+           "eval_key": digest(model.name, read_records(prompts["heldout"]), args.eval_prompts, args.eval_new_tokens)}
+
+    base = recipe_figures(stages, ctx, "base", BASE_RECIPE)
+    chosen = [n for n in args.only.split(",") if n] if args.only else list(LEVERS) if args.levers else []
+    unknown = set(chosen) - set(LEVERS)
+    if unknown:
+        ap.error(f"--only: unknown levers {sorted(unknown)}; choose from {list(LEVERS)}")
+    levers = {n: recipe_figures(stages, ctx, n, {**BASE_RECIPE, **LEVERS[n]}, untrained=False) for n in chosen}
+
+    extra = {}
+    if args.vllm:
+        n_gen = min(64, len(train_records))
+        write_prompts(work / "prompts" / "vllm-gen.jsonl", train_records[:n_gen])
+        openai = json.loads((stages.run("generate-vllm", digest(gen_key, n_gen), lambda out: vllm_generation(
+            model, work / "prompts" / "vllm-gen.jsonl", args.max_new_tokens, out)) / "throughput.json").read_text())
+        check = stages.run("serve", digest(base["run"].name, args.served_prompts, args.eval_new_tokens),
+                           lambda out: served(model, base["run"] / "drafter", prompts["mtbench"],
+                                              args.served_prompts, args.eval_new_tokens, out))
+        result = json.loads((check / "served.json").read_text())
+        extra = {"tau_vllm_mtbench": round(result["vllm"]["acceptance_length"], 3),
+                 "project_whole_blocks_mtbench": round(result["project_whole_blocks"]["acceptance_length"], 3),
+                 "served_outputs_equal": result["outputs_equal"], "served_acceptance_equal": result["acceptance_equal"],
+                 "served_prompts": args.served_prompts, "openai_engine_tokens_per_s": openai["tokens_per_s"]}
+
+    print(f"\nMT-Bench: {args.eval_prompts} first turns, held-out ShareGPT: {args.heldout_prompts}; "
+          f"{args.eval_new_tokens} new tokens each; drafter: {args.steps} steps on {len(train_records)} completions")
+    print(f"{'recipe':>16}  {'MT-Bench':>8}  {'n-gram':>6}  {'held-out':>8}  {'n-gram':>6}  per-position (MT-Bench)")
+    for name, f in {"base": base, **levers}.items():
+        print(f"{name:>16}  {f['tau_mtbench']:8.2f}  {f['tau_ngram_mtbench']:6.2f}  {f['tau_heldout']:8.2f}  "
+              f"{f['tau_ngram_heldout']:6.2f}  {f['position_acceptance_mtbench']}")
+    print(f"untrained DFlash on MT-Bench: {base['tau_untrained']:.2f}; transformers engine "
+          f"{engine['tokens_per_s']} tokens/s" + (f", OpenAI engine on vLLM {extra['openai_engine_tokens_per_s']} "
+                                                   f"tokens/s; vLLM served τ {extra['tau_vllm_mtbench']}" if extra else ""))
+    print(f"stage wall times (s): {stages.times}")
+    report("quality_real", "tokens/step", base["tau_mtbench"], base["tau_ngram_mtbench"], float(base["block_size"]),
+           tau_mtbench=round(base["tau_mtbench"], 3), tau_ngram_mtbench=round(base["tau_ngram_mtbench"], 3),
+           tau_heldout=round(base["tau_heldout"], 3), tau_ngram_heldout=round(base["tau_ngram_heldout"], 3),
+           tau_untrained=round(base["tau_untrained"], 3), tau_vllm_count_mtbench=round(base["tau_vllm_count_mtbench"], 3),
+           position_acceptance=base["position_acceptance_mtbench"],
+           ngram_position_acceptance=base["ngram_position_acceptance_mtbench"], outputs_equal=base["outputs_equal"],
+           transformers_engine_tokens_per_s=engine["tokens_per_s"], sharegpt_unreadable=prompts["sharegpt_errors"],
+           target=model.name, steps=args.steps, train_prompts=len(train_records), recipe=BASE_RECIPE,
+           stage_seconds=stages.times, **extra,
+           levers={n: {k: f[k] for k in ("tau_mtbench", "tau_ngram_mtbench", "tau_heldout", "position_acceptance_mtbench")}
+                   for n, f in levers.items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -28,7 +28,8 @@ import torch
 from _common import best_of, report
 from dfp_shared.storage import open_store
 from dfp_shared.token_shards import build_manifest, encode_shard, shard_entry
-from dfp_trainer.data import BatchSampler, collate, load_training_data
+from dfp_trainer.drafter.batch import collate
+from dfp_trainer.loop.data import BatchSampler, load_training_data
 
 
 def synthetic(num: int, mean_length: float = 1800, max_length: int = 3072, seed: int = 0

@@ -20,8 +20,9 @@ import time
 import torch
 from _common import report
 from dfp_shared.token_shards import TokenDataset
-from dfp_trainer.data import BatchSampler, collate
-from dfp_trainer.stages import DeviceCopier, Pipeline, fetch_hidden
+from dfp_trainer.drafter.batch import collate, fetch_hidden
+from dfp_trainer.loop.data import BatchSampler
+from dfp_trainer.loop.stages import DeviceCopier, Pipeline
 
 
 class SimulatedTarget:

@@ -1,7 +1,7 @@
 """Batch assembly throughput (tokens/s) for the trainer's input pipeline.
 
 Project: the trainer's path — the token dataset loaded once into flat tensors
-(``dfp_trainer.data``: manifest -> safetensors shards), batches planned under a token budget with
+(``dfp_trainer.loop.data``: manifest -> safetensors shards), batches planned under a token budget with
 length bucketing, each batch filled by one slice copy per sample into zeroed tensors (``collate``).
 Baseline: the common path — a Hugging Face dataset from ``datasets.load_from_disk``, ``dataset[i]``
 random access per sample and padding through Python lists, then ``torch.tensor``.

@@ -1,7 +1,7 @@
 """The drafter's attention masks for training (many blocks per sequence) and decoding (one block after
 the whole context), and the attention call (SDPA everywhere, flex on CUDA).
 
-Which key a query sees is one rule per layer type, :func:`dfp_trainer.modeling_dflash.visible` (full
+Which key a query sees is one rule per layer type, :func:`dfp_trainer.drafter.modeling_dflash.visible` (full
 layers: context before the anchor and the whole own block; sliding layers: the same keys, causal and
 within the window, as vLLM and SGLang compute them). It is applied here to per-query and per-key
 descriptors and materialised as a boolean SDPA mask, or as a flex-attention ``BlockMask`` on CUDA.

@@ -104,7 +104,7 @@ class DrafterConfig:
             use_cache=False)
 
     def causality_fields(self) -> dict[str, Any]:
-        """The ``config.json`` fields that make vLLM and SGLang attend as :func:`~dfp_trainer.modeling_dflash.visible`.
+        """The ``config.json`` fields that make vLLM and SGLang attend as :func:`~dfp_trainer.drafter.modeling_dflash.visible`.
 
         All full layers: ``is_causal: false`` (vLLM reads it before anything else). With sliding layers no
         causality field at all: vLLM then makes exactly the sliding layers causal, with

@@ -3,7 +3,7 @@
 The export copies this file beside the weights as ``modeling_dflash.py`` and names it in
 ``config.json``'s ``auto_map``, so ``AutoModel.from_pretrained(dir, trust_remote_code=True)`` builds
 :class:`DFlashDraftModel` from the very code the trainer runs: the trainer's drafter
-(``dfp_trainer.model``) is made of these layers and its masks (``dfp_trainer.attention``) apply
+(``dfp_trainer.drafter.model``) is made of these layers and its masks (``dfp_trainer.drafter.attention``) apply
 :func:`visible`.
 
 Keys of a draft layer are ``[context positions ; block tokens]``; a query of the block anchored at

@@ -1,6 +1,6 @@
 """The trainer workers' handler of ``evaluate`` jobs (their plan task arrives on the ``train`` stream).
 
-One task runs the whole evaluation (:func:`.evaluation.evaluate_job`); the storage URIs are checked
+One task runs the whole evaluation (:func:`.job.evaluate_job`); the storage URIs are checked
 against the operator's roots before any I/O and the output prefix is claimed for the job's owner.
 A stop (SIGTERM) gives the task back and the next worker runs it again from the start (the report
 is written once, at the end); a cancel ends it between prompts.

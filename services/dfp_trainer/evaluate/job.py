@@ -2,7 +2,7 @@
 
 For each prompt set (the first ``max_prompts`` readable prompts of its files, rendered with the
 target's chat template in the spec's thinking mode), every prompt is decoded twice by greedy
-speculative decoding against the target in the one harness (:func:`.evaluate.verify_decode`):
+speculative decoding against the target in the one harness (:func:`.decode.verify_decode`):
 with the DFlash drafter (B-1 drafts per step) and with n-gram lookup (:mod:`.ngram`, at most B-1
 drafts). Blocks are verified whole, as vLLM drafts them. Both outputs are the target's greedy output.
 

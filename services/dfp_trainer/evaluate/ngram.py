@@ -8,8 +8,8 @@ when the occurrence lies near the end); no occurrence of any n means no drafts, 
 plain decoding step (the target emits one token).
 
 The drafts are verified greedily by the target in the same harness as DFlash
-(:func:`dfp_trainer.evaluate.verify_decode`), so the output is the target's greedy output and τ is
-counted the same way. Two countings of τ (:func:`dfp_trainer.tau.tau_figures` computes both):
+(:func:`dfp_trainer.evaluate.decode.verify_decode`), so the output is the target's greedy output and τ is
+counted the same way. Two countings of τ (:func:`dfp_trainer.evaluate.tau.tau_figures` computes both):
 
 * ``tau`` - the project's: tokens emitted per target verify step, over every step after the prefill
   (a step without drafts emits one token); the emitted tokens are cut at the token budget and at a
@@ -56,7 +56,7 @@ def ngram_proposer(min_n: int, max_n: int) -> Proposer:
 
 def ngram_decode(target, prompt_ids: torch.Tensor, *, draft_len: int, max_new_tokens: int, min_n: int, max_n: int,
                  stop_token_ids=(), whole_blocks: bool = True, use_cache: bool | None = None) -> dict:
-    """Greedy n-gram speculative decoding of one prompt: :func:`~dfp_trainer.evaluate.verify_decode`'s result."""
+    """Greedy n-gram speculative decoding of one prompt: :func:`~dfp_trainer.evaluate.decode.verify_decode`'s result."""
     return verify_decode(ngram_proposer(min_n, max_n), target, prompt_ids, max_new_tokens=max_new_tokens,
                          draft_len=draft_len, layer_ids=(), stop_token_ids=stop_token_ids, use_cache=use_cache,
                          whole_blocks=whole_blocks)

@@ -6,6 +6,8 @@
 * ``tau_vllm`` - vLLM's mean acceptance length: 1 + drafts accepted / steps that drafted, each
   verified block counted whole (drafts the target accepted past a stop token or the budget count;
   steps without drafts are left out, as vLLM records no draft for them).
+
+:func:`tau_of` decodes a training run's prompts with its drafter and the run's settings.
 """
 
 from __future__ import annotations

@@ -153,3 +153,56 @@ def test_the_umbrella_imports_the_development_registry_only_once_it_is_found():
     imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) and DEV in names(node)]
     assert imports, "the umbrella no longer registers the development commands"
     assert all(id(node) in guarded for node in imports), "dfp_dev imported outside the find_spec guard"
+
+
+TRAINER = "dfp_trainer"
+ROOMS = ("drafter", "loop", "evaluate", "export")
+# plain configuration every room may read: the trainer's settings, and the run's composed config
+GROUND = (f"{TRAINER}.settings", f"{TRAINER}.run_config")
+# what each room may import of the trainer besides itself and GROUND (``loop`` runs mid-training evaluations)
+ROOM_MAY_IMPORT = {"drafter": (), "evaluate": ("drafter",), "export": ("drafter",), "loop": ("drafter", "evaluate")}
+
+
+def trainer_place(module: str) -> str | None:
+    """The room of a trainer module (``drafter``, ``loop``, ...), ``top`` for a top-level one, None outside."""
+    parts = module.split(".")
+    if parts[0] != TRAINER or len(parts) < 2:
+        return None
+    return parts[1] if parts[1] in ROOMS else "top"
+
+
+def test_the_trainer_rooms_are_packages():
+    modules = module_files()
+    assert all(f"{TRAINER}.{room}" in modules for room in ROOMS)
+    assert f"{TRAINER}.run" in modules  # ``python -m dfp_trainer.run``: what torchrun launches per rank
+
+
+def test_trainer_floors_no_room_imports_upwards():
+    """``drafter`` is the lowest floor; ``evaluate`` and ``export`` stand on it, ``loop`` on them; the top level
+    (CLI, worker, run, report) on all rooms. No room imports a top-level module but the plain configuration."""
+    wrong = []
+    for module, targets in import_graph().items():
+        room = trainer_place(module)
+        if room in (None, "top"):
+            continue
+        allowed = {room, *ROOM_MAY_IMPORT[room]}
+        for target in targets:
+            place = trainer_place(target)
+            if place is None or (target in GROUND and room != "drafter") or place in allowed:
+                continue
+            if room == "drafter" and target == f"{TRAINER}.settings":
+                continue
+            wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_shipped_modeling_file_imports_only_torch_and_transformers():
+    path = module_files()[f"{TRAINER}.drafter.modeling_dflash"]
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, "the modeling file is shipped alone: no relative import"
+            roots.add(node.module.split(".")[0])
+    assert roots <= {"__future__", "torch", "transformers", "math", "typing"}, roots

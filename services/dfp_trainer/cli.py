@@ -53,7 +53,7 @@ def children_gauges(settings: TrainerSettings) -> None:
     import atexit
     import os
 
-    from .gauges import MULTIPROC_ENV, serve_children_gauges
+    from .loop.gauges import MULTIPROC_ENV, serve_children_gauges
     from .settings import scratch_dir
 
     tmp = scratch_dir(settings.work_dir, "dflash-gauges-")
@@ -81,8 +81,8 @@ def train(dataset, target, output, overrides, no_resume, settings: TrainerSettin
         raise click.UsageError(str(exc)) from None
     if settings.nproc_per_node > 1:
         raise click.UsageError("trainer train runs one process; use torchrun -m dfp_trainer.run for several")
-    from .data import DataError
-    from .prepare import TrainError
+    from .loop.data import DataError
+    from .loop.prepare import TrainError
 
     try:
         result = run_local(spec, settings, stop=install_stop_flag(), resume=not no_resume)
@@ -111,7 +111,7 @@ def reference_decode(target, drafter, prompts_path, max_new_tokens, thinking, ou
 
     import torch
 
-    from .serve_reference import reference_decode as decode
+    from .evaluate.serve_reference import reference_decode as decode
 
     prompts = json.loads(Path(prompts_path).read_text())
     if not isinstance(prompts, list) or not all(isinstance(p, list) for p in prompts):

@@ -24,29 +24,16 @@ from dfp_shared.models import load_causal_lm
 from dfp_shared.stop_tokens import stop_token_ids
 from dfp_shared.storage import open_store
 
-from . import export
-from .distributed import unwrap
-from .evaluate import acceptance
-from .heldout import evaluate_heldout, initial_weights
-from .ngram import ngram_decode
-from .serving import local_path, serving_commands
+from .drafter.wrappers import unwrap
+from .evaluate.ngram import ngram_decode
+from .evaluate.prompts import eval_prompts
+from .evaluate.tau import tau_figures, tau_of
+from .export import speculators, zlab
+from .export.serving import local_path, serving_commands
+from .loop.heldout import evaluate_heldout, initial_weights
 from .settings import scratch_dir
-from .tau import tau_figures
 
 log = logging.getLogger(__name__)
-
-
-def eval_prompts(setup) -> list[torch.Tensor]:
-    """Prompts of the held-out samples: each sample's tokens before its first trained token."""
-    ds = setup.dataset
-    prompts = []
-    for i in setup.eval_index.tolist():
-        a, b = int(ds.offsets[i]), int(ds.offsets[i + 1])
-        mask = ds.loss_mask[a:b]
-        first = int(torch.nonzero(mask).flatten()[0]) if int(mask.sum()) else b - a
-        if first > 0:
-            prompts.append(ds.input_ids[a:a + first].to(torch.int64))
-    return prompts
 
 
 def evaluate_drafters(setup, drafter) -> dict:
@@ -87,13 +74,6 @@ def verifying_target(setup, drafter):
     if target is None:
         target = load_causal_lm(str(setup.model_dir), device=str(next(drafter.parameters()).device))
     return target
-
-
-def tau_of(setup, drafter, target, prompts: list[torch.Tensor]) -> dict:
-    """:func:`~dfp_trainer.evaluate.acceptance` of ``drafter`` on ``prompts`` with the run's decoding settings."""
-    with torch.no_grad():
-        return acceptance(drafter, target, prompts, max_new_tokens=setup.spec.eval_max_new_tokens,
-                          stop_token_ids=stop_token_ids(setup.tokenizer), layer_ids=setup.layer_ids)
 
 
 def _tau_entry(result: dict) -> dict:
@@ -215,9 +195,9 @@ def export_layouts(setup, drafter, out) -> dict[str, str]:
     for layout in layouts:
         with scratch_dir(setup.config.settings.work_dir, "dflash-export-") as tmp:
             if layout == "zlab":
-                export.export_drafter(drafter, tmp)
+                zlab.export_drafter(drafter, tmp)
             else:
-                export.export_speculators(drafter, tmp, local_path(spec.target), target_config.get("architectures"))
+                speculators.export_speculators(drafter, tmp, local_path(spec.target), target_config.get("architectures"))
             prefix = EXPORT_PREFIXES[layout]
             files = [p for p in Path(tmp).rglob("*") if p.is_file()]
             out.put_many([(f"{prefix}/{p.relative_to(tmp).as_posix()}", p.read_bytes()) for p in files])

@@ -20,13 +20,14 @@ from dfp_shared.cli_support import settings_or_exit
 from dfp_shared.signals import StopSignals
 from dfp_shared.specs.train import TrainSpec
 
-from .data import DataError
-from .distributed import init_distributed, shutdown
-from .prepare import TrainError
-from .progress import job_hooks
+from .loop.data import DataError
+from .loop.distributed import DistInfo, init_distributed, shutdown
+from .loop.prepare import Setup, TrainError
+from .loop.progress import job_hooks
+from .loop.train import Hooks, Training, TrainResult
+from .report import finish_run
 from .run_config import RunConfig
 from .settings import TrainerSettings
-from .train import train
 
 EXIT_STOPPED = 3
 EXIT_BAD_INPUT = 2
@@ -36,9 +37,23 @@ def install_stop_flag() -> threading.Event:
     return StopSignals().install().stop
 
 
+def train(config: RunConfig, info: DistInfo, hooks: Hooks | None = None, source=None,
+          setup: Setup | None = None) -> TrainResult:
+    """Train (or resume) the drafter of ``config`` on this rank; then, when the run completed, rank 0 exports
+    and evaluates it and writes the report (:func:`.report.finish_run`); last the run's final figures are
+    logged and every rank waits for the others. Returns when done or asked to stop."""
+    with Training.start(config, info, hooks, source=source, setup=setup) as training:
+        result = training.run()
+        if result.completed and info.is_main:
+            result.outputs.update(finish_run(training.setup, training.drafter, result.history, result.summary))
+        training.close(result)
+    return result
+
+
 def run_local(spec: TrainSpec, settings: TrainerSettings, *, job_id: str | None = None, stop: threading.Event | None = None,
               resume: bool = True, extra_stop=None):
-    """Train in this process (one rank of a torchrun group, or alone); returns the TrainResult.
+    """Train in this process (one rank of a torchrun group, or alone), then export and evaluate the drafter
+    (:func:`train`); returns the TrainResult.
 
     The run's one :class:`RunConfig` is composed here, from the spec and this trainer's settings."""
     try:  # only a source the operator configured: a spec names it, never an address

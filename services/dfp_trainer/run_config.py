@@ -8,7 +8,7 @@ from typing import Any
 
 from dfp_shared.specs.train import TrainSpec
 
-from .model import DrafterConfig
+from .drafter.config import DrafterConfig
 from .settings import TrainerSettings
 
 

@@ -34,10 +34,10 @@ from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.worker import JobHandler, TaskCancelled, TaskContext, TaskReleased
 from redis.exceptions import RedisError
 
-from .data import DataError
-from .evaluate_worker import EvaluateHandler
+from .evaluate.handler import EvaluateHandler
 from .group import GroupRuns, TrainLease, rendezvous_args
-from .prepare import TrainError
+from .loop.data import DataError
+from .loop.prepare import TrainError
 from .run import run_local
 from .settings import TrainerSettings, scratch_dir
 

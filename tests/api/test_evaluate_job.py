@@ -14,11 +14,12 @@ from dfp_shared.stop_tokens import stop_token_ids
 from dfp_shared.submit import queue_job
 from dfp_shared.tokenizer_assets import load_tokenizer
 from dfp_shared.worker import Worker
-from dfp_trainer.evaluate import chat_prompt_ids
-from dfp_trainer.export import export_drafter
-from dfp_trainer.model import DFlashDrafter, DrafterConfig
+from dfp_trainer.drafter.config import DrafterConfig
+from dfp_trainer.drafter.model import DFlashDrafter
+from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id
+from dfp_trainer.evaluate.decode import chat_prompt_ids
+from dfp_trainer.export.zlab import export_drafter
 from dfp_trainer.settings import TrainerSettings
-from dfp_trainer.target_parts import load_target_parts, mask_token_id
 from dfp_trainer.worker import TrainHandler
 
 from tests.trainer.train_support import torch_threads

@@ -28,10 +28,11 @@ sys.path[:0] = [str(ROOT / "services"), str(ROOT)]
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from dfp_trainer import objective  # noqa: E402
-from dfp_trainer.data import Batch  # noqa: E402
-from dfp_trainer.model import DFlashDrafter, DrafterConfig  # noqa: E402
-from dfp_trainer.objective import block_targets, dflash_loss, sample_anchors  # noqa: E402
+from dfp_trainer.drafter import objective  # noqa: E402
+from dfp_trainer.drafter.batch import Batch  # noqa: E402
+from dfp_trainer.drafter.config import DrafterConfig  # noqa: E402
+from dfp_trainer.drafter.model import DFlashDrafter  # noqa: E402
+from dfp_trainer.drafter.objective import block_targets, dflash_loss, sample_anchors  # noqa: E402
 from torch import nn  # noqa: E402
 
 

@@ -126,19 +126,20 @@ def untrained_export(model_dir: Path, trained: Path, out: Path) -> None:
     """The drafter the run started from (same config, same seed), exported like a trained one."""
     import torch
     from dfp_shared.models import load_causal_lm
-    from dfp_trainer import export
-    from dfp_trainer.model import DFlashDrafter
+    from dfp_trainer.drafter.load import load_exported
+    from dfp_trainer.drafter.model import DFlashDrafter
+    from dfp_trainer.export.zlab import export_drafter
 
     target = load_causal_lm(str(model_dir), device="cpu")
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
-    config = export.load_exported(trained, embed, head).config
+    config = load_exported(trained, embed, head).config
     torch.manual_seed(SEED)  # as the trainer initialises a run
-    export.export_drafter(DFlashDrafter(config, embed, head), out)
+    export_drafter(DFlashDrafter(config, embed, head), out)
 
 
 def evaluate(model_dir: Path, drafter: Path, heldout: Path, prompts: int, max_new_tokens: int, out: Path) -> None:
     from dfp_shared.specs.evaluate import EvaluateSpec
-    from dfp_trainer.evaluation import evaluate_job
+    from dfp_trainer.evaluate.job import evaluate_job
 
     spec = EvaluateSpec.model_validate({"drafter": f"file://{drafter}", "target": f"file://{model_dir}",
                                         "prompts": [f"file://{heldout}"], "output": f"file://{out}",

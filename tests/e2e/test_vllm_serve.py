@@ -198,7 +198,7 @@ vllm:num_requests_running{engine="0",model_name="m"} 0.0
 
 def test_spec_counters_from_the_metrics_page_and_whole_block_counts_agree():
     from dfp_dev.serving.vllm_server import SpecCounters, parse_spec_counters
-    from dfp_trainer.serve_reference import whole_block_counts
+    from dfp_trainer.evaluate.serve_reference import whole_block_counts
 
     counters = parse_spec_counters(METRICS)
     assert (counters.drafts, counters.draft_tokens, counters.accepted) == (31, 93, 7)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from dfp_trainer.model import DFlashDrafter, DrafterConfig
+from dfp_trainer.drafter.config import DrafterConfig
+from dfp_trainer.drafter.model import DFlashDrafter
 from torch import nn
 
 TOPICS = ["rivers", "prime numbers", "bread", "comets", "chess", "volcanoes", "owls", "bridges", "tea", "glaciers",

@@ -1,0 +1,111 @@
+"""The DFlash drafter: Qwen3 draft layers with KV injection of projected target features.
+
+The norms, MLP and rotary embedding are transformers' Qwen3 modules, driven by the transformers
+config the exported ``config.json`` describes; only the DFlash attention (and its masks, in
+:mod:`dfp_trainer.drafter.attention`) is ours. The drafter owns no embedding and no LM head: it borrows the
+target's (frozen, not registered as sub-modules, so neither ``parameters()`` nor ``state_dict()``
+hold them). Module attribute names follow the public reference module tree, so ``state_dict()`` is
+already the export format (``layers.{i}.self_attn.q_proj.weight`` ... ``fc.weight``,
+``hidden_norm.weight``). Its configuration is :class:`~dfp_trainer.drafter.config.DrafterConfig`.
+
+Shapes: S = sequences, Q = block tokens per sequence (all blocks of a sequence side by side),
+C = context positions, H = hidden size, K = number of target layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+from .attention import AttentionMasks, attention_fn
+from .config import DrafterConfig
+from .modeling_dflash import add_draft_modules, draft_hidden
+
+
+class DFlashDrafter(nn.Module):
+    """DFlash draft model over a frozen target embedding and LM head."""
+
+    def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> None:
+        super().__init__()
+        config.validate()
+        rows, width = embed_tokens.weight.shape
+        if width != config.hidden_size or lm_head.in_features != config.hidden_size:
+            raise ValueError(f"target embedding/LM head width ({width}, {lm_head.in_features}) differs from the "
+                             f"drafter's hidden_size {config.hidden_size}")
+        if config.mask_token_id >= rows:
+            raise ValueError(f"mask_token_id {config.mask_token_id} is outside the target embedding ({rows} rows)")
+        self.config = config
+        add_draft_modules(self, config.qwen3_config(), config.num_context_features)
+        embed_tokens.requires_grad_(False)
+        lm_head.requires_grad_(False)
+        self._target = (embed_tokens, lm_head)  # a tuple: frozen and not registered
+        self.reset_parameters()
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self._target[0]
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self._target[1]
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, 0.0, std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, Qwen3RMSNorm):
+                nn.init.ones_(module.weight)
+        for layer in self.layers:  # scaled residual projections, as GPT-2 / nanoGPT do
+            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                nn.init.normal_(proj.weight, 0.0, std / math.sqrt(2 * len(self.layers)))
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def _apply(self, fn, recurse=True):
+        """``.to(device)`` / ``.cuda()`` also move the borrowed target parts; their dtype is left alone."""
+        super()._apply(fn, recurse)
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(fn(t.reshape(-1)[:1]).device)
+
+        for module in self._target:
+            module._apply(move, recurse)
+        return self
+
+    def embed_block(self, block_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(block_ids, self.embed_tokens.weight)
+
+    def forward(self, block_ids: torch.Tensor, block_positions: torch.Tensor, target_hidden: torch.Tensor,
+                context_positions: torch.Tensor, masks: AttentionMasks | None = None) -> torch.Tensor:
+        """Draft hidden states (after the final norm) for the block tokens.
+
+        block_ids (S, Q) long: the blocks' tokens (anchor then mask tokens), blocks side by side.
+        block_positions (S, Q): their position ids (anchor + k).
+        target_hidden (S, C, K*H): concatenated target layer outputs of the context positions.
+        context_positions (S, C) or (C,): position ids of the context.
+        masks: which keys each query sees (see :mod:`dfp_trainer.drafter.attention`); None = everything.
+        Returns (S, Q, H).
+        """
+        s = block_ids.shape[0]
+        if target_hidden.shape[-1] != self.fc.in_features:
+            raise ValueError(f"target_hidden has width {target_hidden.shape[-1]}; expected "
+                             f"{self.fc.in_features} = {self.config.num_context_features} layers x "
+                             f"{self.config.hidden_size}")
+        if context_positions.dim() == 1:
+            context_positions = context_positions.expand(s, -1)
+        return draft_hidden(self, self.embed_block(block_ids), target_hidden, context_positions, block_positions,
+                            attention_fn(masks))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden.to(self.lm_head.weight.dtype))

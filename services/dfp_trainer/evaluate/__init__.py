@@ -1,0 +1,11 @@
+"""Evaluating a drafter by real speculative decoding.
+
+* :mod:`.decode` - speculative decoding and verification (greedy, as the reference);
+* :mod:`.tau` - counting τ (acceptance length), and τ of a drafter with a run's decoding settings;
+* :mod:`.ngram` - n-gram (prompt-lookup) speculation, the baseline without a drafter;
+* :mod:`.prompts` - which prompts a training run evaluates on;
+* :mod:`.job` and :mod:`.handler` - the ``evaluate`` job and its worker handler;
+* :mod:`.serve_reference` - the plain greedy reference decode a served drafter is checked against.
+
+Above :mod:`dfp_trainer.drafter` only.
+"""

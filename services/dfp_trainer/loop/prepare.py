@@ -1,0 +1,142 @@
+"""Setup of a training run: load and check the dataset, tokenizer, target parts, drafter and hidden-state
+source, failing with a clear :class:`TrainError` before any step runs."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from dfp_shared.hidden_states import open_hidden_state_source
+from dfp_shared.models import local_model_dir, model_fingerprint
+from dfp_shared.specs.train import TrainSpec
+from dfp_shared.tokenizer_assets import chat_template_fingerprint, load_tokenizer, tokenizer_fingerprint
+
+from ..drafter.model import DFlashDrafter
+from ..drafter.target_parts import load_target_parts
+from ..run_config import RunConfig
+from .data import load_training_data, trainable_samples
+from .distributed import DistInfo
+
+log = logging.getLogger(__name__)
+
+
+class TrainError(ValueError):
+    """The run cannot start: bad dataset, target or settings (the message says which and why)."""
+
+
+@dataclass
+class Setup:
+    config: RunConfig
+    model_dir: Any
+    tokenizer: Any
+    dataset: Any
+    drafter: torch.nn.Module
+    initial_state: dict
+    source: Any
+    layer_ids: list[int]
+    eval_index: torch.Tensor
+    train_pool: torch.Tensor
+    max_tokens_per_request: int | None
+
+    @property
+    def spec(self) -> TrainSpec:
+        return self.config.spec
+
+
+def prepare(config: RunConfig, info: DistInfo, source=None) -> Setup:
+    """Load and check the run's inputs; every problem raises :class:`TrainError` before training."""
+    spec, endpoint_url = config.spec, config.settings.s3_endpoint_url
+    try:
+        model_dir = local_model_dir(spec.target, endpoint_url=endpoint_url)
+    except FileNotFoundError as exc:
+        raise TrainError(f"target: {exc}") from None
+    tokenizer = load_tokenizer(model_dir)
+    mask_token = spec.mask_token
+    if mask_token not in tokenizer.get_vocab():
+        raise TrainError(f"target {spec.target}: its tokenizer has no mask token {mask_token!r}; DFlash fills block "
+                         f"positions with it (add it as a special token and resize the embeddings)")
+    mask_id = tokenizer.convert_tokens_to_ids(mask_token)
+    dataset = load_training_data(spec.dataset, endpoint_url=endpoint_url,
+                                 tokenizer_fingerprint=_fingerprints(tokenizer, tokenizer_fingerprint, mask_token),
+                                 chat_template_fingerprint=chat_template_fingerprint(tokenizer))
+    check_thinking_mode(dataset, spec)
+    try:
+        parts = load_target_parts(model_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        raise TrainError(f"target: {exc}") from None
+    target_config, embed, lm_head, num_layers = parts.config, parts.embed_tokens, parts.lm_head, parts.num_layers
+    if spec.target_layer_ids is not None:
+        bad = [i for i in spec.target_layer_ids if not 0 <= i < num_layers]
+        if bad:
+            raise TrainError(f"target_layer_ids {bad} do not exist in the target, which has {num_layers} layers "
+                             f"(0..{num_layers - 1})")
+    try:
+        drafter_config = config.drafter_config(target_config, mask_id)
+    except ValueError as exc:
+        raise TrainError(f"target {spec.target}: {exc}") from None
+    if mask_id >= embed.weight.shape[0]:
+        raise TrainError(f"mask token id {mask_id} is outside the target's embedding ({embed.weight.shape[0]} rows)")
+    torch.manual_seed(spec.seed)
+    drafter = DFlashDrafter(drafter_config, embed, lm_head).to(info.device)
+    initial = {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items()}
+
+    eligible = trainable_samples(dataset)
+    pool = torch.nonzero(eligible).flatten()
+    n_eval = min(spec.eval_prompts, pool.numel() // 4) if config.evaluate else 0
+    perm = pool[torch.randperm(pool.numel(), generator=torch.Generator().manual_seed(spec.seed))]
+    eval_index, train_pool = perm[:n_eval].sort().values, perm[n_eval:].sort().values
+
+    if source is None:
+        source = open_source(config.target_address, model_dir, info)
+    layer_ids = list(drafter_config.target_layer_ids)
+    minfo = source.model_info()
+    if int(minfo.num_layers) != num_layers or int(minfo.hidden_size) != drafter_config.hidden_size:
+        raise TrainError(f"hidden-state source serves a model with {minfo.num_layers} layers x {minfo.hidden_size} "
+                         f"hidden, but the target {spec.target} has {num_layers} x {drafter_config.hidden_size}")
+    served_fp = getattr(minfo, "fingerprint", "") or ""
+    if served_fp and served_fp != model_fingerprint(model_dir):
+        raise TrainError(f"the hidden-state source serves model {getattr(minfo, 'model_id', '?')!r} with fingerprint "
+                         f"{served_fp!r}, but the target {spec.target} has {model_fingerprint(model_dir)!r}: point "
+                         "the job's target_endpoint (or the trainer's DFLASH_TARGET_URL) at a service running the "
+                         "same checkpoint")
+    served = list(getattr(minfo, "layer_ids", None) or [])
+    if served and not set(layer_ids) <= set(served):
+        raise TrainError(f"hidden-state source serves layers {served}; the drafter needs {layer_ids}")
+    return Setup(config, model_dir, tokenizer, dataset, drafter, initial, source, layer_ids, eval_index, train_pool,
+                 int(getattr(minfo, "max_tokens_per_request", 0) or 0) or None)
+
+
+def check_thinking_mode(dataset, spec: TrainSpec) -> None:
+    """The dataset must be tokenized in the thinking mode the drafter will serve in (manifests written
+    before the mode was recorded carry none and are not checked)."""
+    thinking = dataset.thinking
+    if thinking is None:
+        log.warning("dataset manifest does not record its thinking mode; not checked",
+                    extra={"dataset": spec.dataset, "enable_thinking": spec.enable_thinking})
+        return
+    if bool(thinking) != spec.enable_thinking:
+        manifest = spec.dataset.rstrip("/") + "/manifest.json"
+        raise TrainError(f"{manifest}: the dataset was tokenized with thinking={str(thinking).lower()}, but the "
+                         f"train spec has enable_thinking={str(spec.enable_thinking).lower()}: the drafter must train "
+                         "in the thinking mode it serves in; re-tokenize, or set enable_thinking to match")
+
+
+def _fingerprints(tokenizer, fingerprint, mask_token: str) -> tuple[str, ...]:
+    """The target tokenizer's fingerprint, with and without the added mask token (same text encoding)."""
+
+    class _WithoutMask:
+        @staticmethod
+        def get_vocab():
+            return {k: v for k, v in tokenizer.get_vocab().items() if k != mask_token}
+
+    return fingerprint(tokenizer), fingerprint(_WithoutMask())
+
+
+def open_source(target_address: str, model_dir, info: DistInfo):
+    """The hidden-state source at ``target_address``: ``inprocess`` (the target loaded on this rank's
+    device) or a client of the comma-separated gRPC addresses."""
+    if target_address.strip().lower() == "inprocess":
+        return open_hidden_state_source(target_address, str(model_dir), device=str(info.device))
+    return open_hidden_state_source(target_address)

@@ -23,13 +23,13 @@ def group():
 
 @group.command(name="import-gguf")
 @with_settings(ModelImportSettings, "models")
-@click.argument("source")
-@click.argument("output")
+@click.option("--source", required=True, help="The GGUF file (file://, s3:// or a path inside the storage roots).")
+@click.option("--output", required=True, help="The model directory to write (a new prefix inside the storage roots).")
 @click.option("--owner", default=None, help="Principal that owns OUTPUT (as a job's owner); default: anonymous.")
 def import_gguf_command(source: str, output: str, owner: str | None, settings: ModelImportSettings):
-    """Import the GGUF file SOURCE into the model directory OUTPUT (both inside the storage roots).
+    """Import a GGUF file into a model directory (both inside the storage roots).
 
-    OUTPUT gets safetensors weights (float32), config, tokenizer and chat template; the trainer, the target
+    The output gets safetensors weights (float32), config, tokenizer and chat template; the trainer, the target
     service and the generation engine then load it like any Hugging Face checkpoint.
     """
     from dfp_shared.gguf_import import GGUFError, import_gguf

@@ -122,9 +122,10 @@ def test_cli_imports_and_names_a_bad_file(tiny_gguf, tmp_path, monkeypatch):
     (tmp_path / "t.gguf").write_bytes(path.read_bytes())
     monkeypatch.setenv("DFLASH_STORAGE_URL", f"file://{tmp_path}")
     runner = CliRunner()
-    ok = runner.invoke(cli, ["models", "import-gguf", f"file://{tmp_path}/t.gguf", f"file://{tmp_path}/m"])
+    ok = runner.invoke(cli, ["models", "import-gguf", "--source", f"file://{tmp_path}/t.gguf", "--output",
+                             f"file://{tmp_path}/m"])
     assert ok.exit_code == 0, ok.output
     assert (tmp_path / "m" / "model.safetensors").is_file()
-    small = runner.invoke(cli, ["models", "import-gguf", "--gguf-max-bytes", "1000", f"file://{tmp_path}/t.gguf",
-                                f"file://{tmp_path}/m2"])
+    small = runner.invoke(cli, ["models", "import-gguf", "--gguf-max-bytes", "1000", "--source",
+                                f"file://{tmp_path}/t.gguf", "--output", f"file://{tmp_path}/m2"])
     assert small.exit_code != 0 and "over the import limit" in small.output

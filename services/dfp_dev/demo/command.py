@@ -42,6 +42,6 @@ def demo(out_dir: Path, **flags):
         tiny_target_heads(flags["head_dim"])
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    if flags["target"] == "learnable" and flags["hybrid_target"]:
-        raise click.UsageError("--hybrid-target builds a tiny random target; the learnable target is a Qwen3")
+    if flags["target"] != "tiny" and flags["hybrid_target"]:
+        raise click.UsageError(f"--hybrid-target builds the tiny random Qwen3.5; the {flags['target']} target is not one")
     raise SystemExit(run_demo(DemoConfig(out_dir=out_dir, **flags)))

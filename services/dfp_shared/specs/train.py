@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ..tokenizer_assets import MASK_TOKEN
+from ..tokenizer_assets import AUTO_MASK_TOKEN, MASK_TOKEN
 from ._common import StorageUri
 from ._names import endpoint_name, refuse_removed
 
@@ -52,7 +52,15 @@ class TrainSpec(BaseModel):
     grad_accum: int = _within(1, 1, 1024, "Micro-batches per rank per optimiser step ({}).")
     lr: float = Field(6e-4, gt=0, le=10, description="Peak learning rate (AdamW), at most 10.")
     warmup_ratio: float = Field(0.04, ge=0, lt=1, description="Share of the steps with linear learning-rate warmup.")
-    decay: Literal["cosine", "linear", "constant"] = Field("cosine", description="Learning-rate decay after warmup.")
+    decay: Literal["cosine", "linear", "constant", "wsd"] = Field(
+        "cosine", description="Learning-rate decay after warmup: `cosine`, `linear`, `constant`, or `wsd` "
+                              "(warmup-stable-decay: the peak held, then a linear decay over the last `wsd_decay_ratio`).")
+    wsd_decay_ratio: float = Field(0.2, gt=0, le=1, description="Share of the run the `wsd` schedule decays over, "
+                                                                 "in (0, 1].")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="`adamw` for every parameter, or `muon`: torch's Muon for the draft layers' weight "
+                             "matrices (AdamW for norms and the rest), at `muon_lr`.")
+    muon_lr: float = Field(0.02, gt=0, le=10, description="Muon's learning rate for the matrices (the `muon` optimizer).")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final learning rate as a share of the peak.")
     weight_decay: float = _within(0.0, 0, 10, "AdamW weight decay ({}).")
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="Global gradient-norm clip (at most 10^6).")
@@ -65,8 +73,10 @@ class TrainSpec(BaseModel):
                                                  f"`{SLIDING}`); unset: all full attention.")
     sliding_window: int | None = _within(None, 1, MAX_SEQ_TOKENS, f"Window in tokens of the `{SLIDING}` layers, {{}} "
                                          "(required when there is one).", validate_default=True)
-    mask_token: str = Field(MASK_TOKEN, min_length=1, max_length=128, description="Token filling block positions 1..B-1; the "
-                                                                  "target's tokenizer must have it.")
+    mask_token: str = Field(AUTO_MASK_TOKEN, min_length=1, max_length=128,
+                            description="Token filling block positions 1..B-1: one of the target's tokens, or `auto`: "
+                                        f"`{MASK_TOKEN}` when the tokenizer has it, else a special token the chat "
+                                        "template never renders (recorded in the export as `mask_token_id`).")
     target_layer_ids: list[LayerId] | None = Field(
         None, min_length=1, max_length=MAX_LAYERS,
         description="Target layers read (1..64 indexes, each 0..1023, and below the target's layer count); unset: "

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from dfp_shared.tokenizer_assets import AUTO_MASK_TOKEN, choose_mask_token
 from torch import nn
 
 from .config_json import read_config_json
@@ -103,10 +104,7 @@ def load_target_parts(model_dir: str | os.PathLike, device: str | torch.device |
     return TargetParts(config=config, embed_tokens=embed_tokens, lm_head=lm_head)
 
 
-def mask_token_id(tokenizer, mask_token: str = "<|MASK|>") -> int:
-    """Id of the DFlash mask token in the target's tokenizer; a clear error when it is missing."""
-    vocab = tokenizer.get_vocab()
-    if mask_token not in vocab:
-        raise ValueError(f"the target's tokenizer has no mask token {mask_token!r}: add it as a special token "
-                         f"(tokenizer.add_special_tokens) and save the tokenizer with the target")
-    return int(vocab[mask_token])
+def mask_token_id(tokenizer, mask_token: str = AUTO_MASK_TOKEN) -> int:
+    """Id of the DFlash mask token in the target's tokenizer (:func:`~dfp_shared.tokenizer_assets.choose_mask_token`
+    picks it for ``auto``); a clear error when it is missing."""
+    return int(tokenizer.get_vocab()[choose_mask_token(tokenizer, mask_token)])

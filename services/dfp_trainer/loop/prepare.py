@@ -11,7 +11,12 @@ import torch
 from dfp_shared.hidden_states import open_hidden_state_source
 from dfp_shared.models import local_model_dir, model_fingerprint
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.tokenizer_assets import chat_template_fingerprint, load_tokenizer, tokenizer_fingerprint
+from dfp_shared.tokenizer_assets import (
+    chat_template_fingerprint,
+    choose_mask_token,
+    load_tokenizer,
+    tokenizer_fingerprint,
+)
 
 from ..drafter.model import DFlashDrafter
 from ..drafter.target_parts import load_target_parts
@@ -53,10 +58,10 @@ def prepare(config: RunConfig, info: DistInfo, source=None) -> Setup:
     except FileNotFoundError as exc:
         raise TrainError(f"target: {exc}") from None
     tokenizer = load_tokenizer(model_dir)
-    mask_token = spec.mask_token
-    if mask_token not in tokenizer.get_vocab():
-        raise TrainError(f"target {spec.target}: its tokenizer has no mask token {mask_token!r}; DFlash fills block "
-                         f"positions with it (add it as a special token and resize the embeddings)")
+    try:
+        mask_token = choose_mask_token(tokenizer, spec.mask_token)
+    except ValueError as exc:
+        raise TrainError(f"target {spec.target}: {exc}") from None
     mask_id = tokenizer.convert_tokens_to_ids(mask_token)
     dataset = load_training_data(spec.dataset, endpoint_url=endpoint_url,
                                  tokenizer_fingerprint=_fingerprints(tokenizer, tokenizer_fingerprint, mask_token),

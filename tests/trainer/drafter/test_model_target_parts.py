@@ -62,4 +62,19 @@ def test_bad_checkpoints(tmp_path):
 def test_missing_mask_token_is_named(qwen3_tokenizer_dir):
     tok = load_tokenizer(qwen3_tokenizer_dir)  # the plain tokenizer, without the DFlash mask token
     with pytest.raises(ValueError, match="no mask token '<\\|MASK\\|>'"):
-        mask_token_id(tok)
+        mask_token_id(tok, "<|MASK|>")
+
+
+def test_auto_mask_token_prefers_the_dflash_token_then_a_spare_special_one(qwen3_tokenizer_dir):
+    from dfp_shared.tokenizer_assets import choose_mask_token
+
+    assert choose_mask_token(load_tokenizer(qwen3_tokenizer_dir, add_mask_token=True)) == "<|MASK|>"
+    plain = load_tokenizer(qwen3_tokenizer_dir)
+    chosen = choose_mask_token(plain)
+    special = {t.content for t in plain.added_tokens_decoder.values() if t.special}
+    assert chosen in special and chosen not in plain.chat_template
+    assert chosen not in (plain.eos_token, plain.pad_token, plain.bos_token)
+    assert mask_token_id(plain) == plain.convert_tokens_to_ids(chosen)
+    plain.chat_template += "".join(sorted(special))  # every special token rendered by the template: none spare
+    with pytest.raises(ValueError, match="no spare special token"):
+        choose_mask_token(plain)

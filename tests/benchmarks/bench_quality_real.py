@@ -41,14 +41,14 @@ SEED = 0
 HELD_OUT_ONE_IN = 20
 MAX_PROMPT_CHARS = 1500  # first turns longer than this are left out (CPU budget)
 BASE_RECIPE = {"block_size": 8, "gamma": 4.0, "max_anchors": 16, "num_draft_layers": 1, "loss": "decay",
-               "lr": 3e-3, "lr_schedule": "cosine", "optimizer": "adamw"}
+               "lr": 3e-3, "decay": "cosine", "optimizer": "adamw"}
 LEVERS = {
     "loss=dpace": {"loss": "dpace"},
     "block_size=16": {"block_size": 16, "gamma": 7.0},
     "layers=2": {"num_draft_layers": 2},
     "layers=3": {"num_draft_layers": 3},
     "anchors=32": {"max_anchors": 32},
-    "schedule=wsd": {"lr_schedule": "wsd"},
+    "schedule=wsd": {"decay": "wsd"},
     "optimizer=muon": {"optimizer": "muon"},
 }
 

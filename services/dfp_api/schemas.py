@@ -137,6 +137,8 @@ class Error(BaseModel):
     error: str = Field(description="Machine-readable error code.")
     message: str
     fields: list[FieldError] | None = None
+    usage: dict[str, float] | None = Field(
+        None, description="With a 429: the key's own usage of the limit it hit, and that limit.")
 
 
 class Health(BaseModel):
@@ -148,7 +150,8 @@ def error_responses(*codes: int, explicit_json: bool = False) -> dict[int | str,
     """OpenAPI entries for error statuses. ``explicit_json`` for routes whose success type is not JSON."""
     text = {401: "Missing or invalid API key", 403: "The key lacks the scope", 404: "No such job",
             409: "Illegal state transition", 413: "Request body over the limit (DFLASH_MAX_BODY_BYTES)",
-            422: "Invalid request", 429: "Rate limit exceeded",
+            422: "Invalid request",
+            429: "A limit of the key (request rate, open event streams, queued and running jobs) or of the server",
             503: "Dependency unavailable"}
     if explicit_json:
         content = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}

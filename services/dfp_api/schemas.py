@@ -24,7 +24,8 @@ def _stage_model(stage: str) -> type[BaseModel]:
     base = JOB_TYPES[stage].spec
     wired = fed_fields(stage)
     fields = {name: (info.annotation, info) for name, info in base.model_fields.items() if name not in wired}
-    model = create_model(f"Pipeline{stage.capitalize()}Stage", __config__=ConfigDict(extra="forbid"), **fields)
+    model = create_model(f"Pipeline{stage.capitalize()}Stage", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
+                         **fields)
     model.__doc__ = f"{base.__name__} fields" + (f" except {', '.join(sorted(wired))} (wired by the pipeline)."
                                                   if wired else ".")
     return model
@@ -37,7 +38,7 @@ PipelineTrainStage = _stage_model("train")
 class PipelineRequestSpec(BaseModel):
     """generate -> tokenize -> train; each stage starts when the previous one succeeds."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     generate: GenerateSpec
     tokenize: PipelineTokenizeStage  # type: ignore[valid-type]

@@ -70,6 +70,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
         version="1.0.0",
         summary="Control plane: submit, watch and cancel generate / tokenize / train / pipeline jobs.",
         lifespan=lifespan,
+        # their pages load scripts from a CDN, on the origin where the jobs page keeps the key
+        docs_url="/docs" if settings.api_docs else None,
+        redoc_url="/redoc" if settings.api_docs else None,
     )
     app.state.api = state
     errors.install(app)

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 
 from .auth import ANONYMOUS, UNLOADABLE, Principal, format_expiry
 from .errors import ApiError
+from .quotas import REFUSALS, StreamSlot
 from .settings import ApiSettings
 from .state import ApiState
 from .store import AsyncJobReader
@@ -98,9 +99,12 @@ def require(scope: str):
                                {"WWW-Authenticate": 'Bearer error="invalid_token"'})
         decision = await state.limiter.hit(principal.name)
         if not decision.allowed:
+            REFUSALS.labels("rate_limited").inc()
             raise ApiError(429, "rate_limited",
                            f"rate limit of {state.settings.rate_limit_per_s:g} requests/s exceeded",
-                           {"Retry-After": str(decision.retry_after_s)})
+                           {"Retry-After": str(decision.retry_after_s)},
+                           usage={"remaining": decision.remaining, "rate_limit_per_s": state.limiter.rate,
+                                  "burst": state.limiter.burst})
         if not principal.allows(scope):
             raise ApiError(403, "forbidden", f"this API key lacks the {scope!r} scope")
         _reject_unknown_query(request)
@@ -159,3 +163,12 @@ async def existing_job(job_id: JobId, request: Request, caller: Reading) -> JobR
 
 
 ExistingJob = Annotated[JobRecord, Depends(existing_job)]
+
+
+async def stream_slot(job: ExistingJob, caller: Reading, request: Request) -> StreamSlot:
+    """A place for one more event stream of the caller's key (429 when it holds its limit); the
+    stream releases it when it ends."""
+    return await request.app.state.api.streams.acquire(caller.name)
+
+
+EventStreamSlot = Annotated[StreamSlot, Depends(stream_slot)]

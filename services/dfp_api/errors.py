@@ -14,21 +14,25 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from .quotas import QuotaExceeded
 from .service import IdempotencyConflict
 
 log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, error: str, message: str, headers: dict[str, str] | None = None):
+    def __init__(self, status: int, error: str, message: str, headers: dict[str, str] | None = None,
+                 usage: dict | None = None):
         super().__init__(message)
-        self.status, self.error, self.message, self.headers = status, error, message, headers
+        self.status, self.error, self.message, self.headers, self.usage = status, error, message, headers, usage
 
 
-def _body(error: str, message: str, fields: list[dict] | None = None) -> dict:
+def _body(error: str, message: str, fields: list[dict] | None = None, usage: dict | None = None) -> dict:
     out = {"error": error, "message": message}
     if fields is not None:
         out["fields"] = fields
+    if usage is not None:
+        out["usage"] = usage
     return out
 
 
@@ -61,7 +65,13 @@ def allowed_methods(request: Request) -> list[str]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError):
-        return JSONResponse(_body(exc.error, exc.message), status_code=exc.status, headers=exc.headers)
+        return JSONResponse(_body(exc.error, exc.message, usage=exc.usage), status_code=exc.status,
+                            headers=exc.headers)
+
+    @app.exception_handler(QuotaExceeded)
+    async def _quota(_: Request, exc: QuotaExceeded):
+        return JSONResponse(_body(exc.reason, exc.message, usage=exc.usage), status_code=429,
+                            headers={"Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError):

@@ -15,7 +15,7 @@ closes, before relaying anything more.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from dfp_shared.jobs import JobNotFound, JobRecord
 from fastapi.sse import ServerSentEvent
@@ -52,13 +52,16 @@ async def _current_stage(reader: AsyncJobReader, rec: JobRecord) -> JobRecord | 
 
 async def job_events(reader: AsyncJobReader, job_id: str, *, after: str = "0-0", poll_s: float = 1.0,
                      max_s: float = 3600.0,
-                     still_allowed: Callable[[JobRecord], str | None] | None = None) -> AsyncIterator[ServerSentEvent]:
+                     still_allowed: Callable[[JobRecord], str | None] | None = None,
+                     on_poll: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[ServerSentEvent]:
     deadline = time.monotonic() + max_s
     cursor = after
     last_seen = None
     last_sent = 0.0
     while True:
         rows = await reader.events(job_id, cursor, block_ms=max(1, int(poll_s * 1000)))
+        if on_poll is not None:
+            await on_poll()
         rec = await reader.get(job_id)
         if still_allowed is not None and (reason := still_allowed(rec)) is not None:
             yield ServerSentEvent(event="unauthorized", data={"error": "unauthenticated", "message": reason})

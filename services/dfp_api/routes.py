@@ -17,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from . import service
 from .deps import (
+    EventStreamSlot,
     ExistingJob,
     JobId,
     Reader,
@@ -68,8 +69,9 @@ async def post_job(body: JobRequest, caller: Writing, r: SyncRedis, request: Req
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]) from None
     spec = body.spec.model_dump(mode="json")
+    api = request.app.state.api
     rec, created = await run_in_threadpool(service.submit_for_caller, r, caller.name, body.type, spec, idempotency_key,
-                                           request.app.state.api.roots)
+                                           api.roots, api.settings.max_active_jobs_per_key)
     if created:
         SUBMITTED.labels(body.type).inc()
     else:
@@ -115,17 +117,21 @@ async def cancel_job(job_id: JobId, caller: Writing, r: SyncRedis) -> Job:
 @jobs.get("/{job_id}/events", response_class=EventSourceResponse,
           responses=error_responses(401, 403, 404, 422, 429, 503, explicit_json=True))
 async def job_event_stream(
-    job: ExistingJob, settings: Settings, reader: Reader, request: Request,
+    job: ExistingJob, slot: EventStreamSlot, settings: Settings, state: State, request: Request,
     last_event_id: Annotated[str, Header(alias="Last-Event-ID", pattern=r"^\d+-\d+$",
                                          description="Resume after this event id.")] = None,
 ) -> AsyncIterable[ServerSentEvent]:
     """Server-sent events: `state`, `stage` and worker events (with ids), `progress` snapshots, and a
     final `end` when the job is finished. The key is checked again at every poll: once it is revoked,
-    expired or may no longer see the job, the stream sends `unauthorized` and closes."""
-    async for event in job_events(job_id=job.id, reader=reader, after=last_event_id or "0-0",
-                                  poll_s=settings.sse_poll_s, max_s=settings.sse_max_s,
-                                  still_allowed=key_recheck(request)):
-        yield event
+    expired or may no longer see the job, the stream sends `unauthorized` and closes. A key may hold
+    DFLASH_MAX_STREAMS_PER_KEY streams open at once (one more is a 429)."""
+    try:
+        async for event in job_events(job_id=job.id, reader=state.stream_reader, after=last_event_id or "0-0",
+                                      poll_s=settings.sse_poll_s, max_s=settings.sse_max_s,
+                                      still_allowed=key_recheck(request), on_poll=slot.renew):
+            yield event
+    finally:
+        await slot.release()
 
 
 @jobs.get("/{job_id}/metrics", response_model=MetricPage, responses=error_responses(401, 403, 404, 422, 429, 503))
@@ -150,9 +156,9 @@ async def healthz() -> Health:
 
 @health.get("/readyz", response_model=Health, responses={503: {"model": Health, "description": "Not ready"}})
 async def readyz(state: State, response: Response) -> Health:
-    """Readiness: Redis answers."""
+    """Readiness: Redis answers (on connections of its own, which no caller's requests or streams hold)."""
     try:
-        await state.aredis.ping()
+        await state.probe_redis.ping()
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
         response.status_code = 503
         return Health(status="unavailable", checks={"redis": type(exc).__name__})

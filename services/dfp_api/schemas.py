@@ -24,7 +24,8 @@ def _stage_model(stage: str) -> type[BaseModel]:
     base = JOB_TYPES[stage].spec
     wired = fed_fields(stage)
     fields = {name: (info.annotation, info) for name, info in base.model_fields.items() if name not in wired}
-    model = create_model(f"Pipeline{stage.capitalize()}Stage", __config__=ConfigDict(extra="forbid"), **fields)
+    model = create_model(f"Pipeline{stage.capitalize()}Stage", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
+                         **fields)
     model.__doc__ = f"{base.__name__} fields" + (f" except {', '.join(sorted(wired))} (wired by the pipeline)."
                                                   if wired else ".")
     return model
@@ -37,7 +38,7 @@ PipelineTrainStage = _stage_model("train")
 class PipelineRequestSpec(BaseModel):
     """generate -> tokenize -> train; each stage starts when the previous one succeeds."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     generate: GenerateSpec
     tokenize: PipelineTokenizeStage  # type: ignore[valid-type]
@@ -137,6 +138,8 @@ class Error(BaseModel):
     error: str = Field(description="Machine-readable error code.")
     message: str
     fields: list[FieldError] | None = None
+    usage: dict[str, float] | None = Field(
+        None, description="With a 429: the key's own usage of the limit it hit, and that limit.")
 
 
 class Health(BaseModel):
@@ -148,7 +151,8 @@ def error_responses(*codes: int, explicit_json: bool = False) -> dict[int | str,
     """OpenAPI entries for error statuses. ``explicit_json`` for routes whose success type is not JSON."""
     text = {401: "Missing or invalid API key", 403: "The key lacks the scope", 404: "No such job",
             409: "Illegal state transition", 413: "Request body over the limit (DFLASH_MAX_BODY_BYTES)",
-            422: "Invalid request", 429: "Rate limit exceeded",
+            422: "Invalid request",
+            429: "A limit of the key (request rate, open event streams, queued and running jobs) or of the server",
             503: "Dependency unavailable"}
     if explicit_json:
         content = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}

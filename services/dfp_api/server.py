@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 def uvicorn_config(settings: ApiSettings, app="dfp_api.server:app_from_env", factory: bool = True) -> dict:
     return dict(
         app=app, factory=factory, host=settings.host, port=settings.port, workers=settings.workers,
-        loop="uvloop", http="httptools", lifespan="on", access_log=settings.access_log, log_config=None,
+        loop="uvloop", http="dfp_api.headers:HeaderLimitedProtocol", lifespan="on", access_log=settings.access_log, log_config=None,
         proxy_headers=True, timeout_keep_alive=30, timeout_graceful_shutdown=10, server_header=False,
     )
 

@@ -12,11 +12,13 @@ import logging
 import redis
 from dfp_shared.job_flow import advance_pipeline
 from dfp_shared.job_types import PIPELINE
-from dfp_shared.jobs import IllegalTransition, JobNotFound, JobRecord, JobState, JobStore
+from dfp_shared.jobs import IDEMPOTENCY_PREFIX, IllegalTransition, JobNotFound, JobRecord, JobState, JobStore
 from dfp_shared.specs import PipelineSpec
 from dfp_shared.storage_roots import OutsideRoots, StorageRoots
 from dfp_shared.submit import queue_job, validate_spec, with_default_outputs
 from fastapi.exceptions import RequestValidationError
+
+from .quotas import check_active_jobs, count_job, jobs_lock
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +28,21 @@ class IdempotencyConflict(ValueError):
 
 
 def submit_for_caller(r: redis.Redis, caller: str, job_type: str, spec: dict, idempotency_key: str | None,
-           roots: StorageRoots) -> tuple[JobRecord, bool]:
+           roots: StorageRoots, max_active: int = 0) -> tuple[JobRecord, bool]:
     """Create and queue a job owned by ``caller``. A repeated idempotency key (scoped to the caller)
-    returns the first job. A storage URI outside ``roots`` is a 422 naming the field and the roots."""
+    returns the first job. A storage URI outside ``roots`` is a 422 naming the field and the roots.
+    With ``max_active``, a caller that has that many queued or running jobs gets a 429
+    (:class:`~.quotas.QuotaExceeded`) instead (a replay is never refused)."""
     scoped = f"api:{caller}:{idempotency_key}" if idempotency_key else None
     try:
-        job, created = queue_job(r, job_type, spec, idempotency_key=scoped, owner=caller, roots=roots)
+        if max_active and not (scoped and r.exists(IDEMPOTENCY_PREFIX + scoped)):
+            with jobs_lock(r, caller):
+                check_active_jobs(r, caller, max_active)
+                job, created = queue_job(r, job_type, spec, idempotency_key=scoped, owner=caller, roots=roots)
+                if created:
+                    count_job(r, caller, job.id)
+        else:
+            job, created = queue_job(r, job_type, spec, idempotency_key=scoped, owner=caller, roots=roots)
     except OutsideRoots as exc:
         field, _, reason = str(exc).partition(": ")
         raise RequestValidationError([{"loc": ("body", *field.split(".")), "msg": reason,

@@ -24,6 +24,23 @@ class ApiSettings(CommonSettings):
         50.0, ge=0, description="Requests per second each API key may make on average; 0 turns rate limits off."
     )
     rate_limit_burst: int = Field(200, ge=1, description="Requests a key may make at once before the rate applies.")
+    max_streams_per_key: int = Field(
+        8, ge=0, description="Event streams (GET /v1/jobs/{id}/events) one API key may hold open at once, across "
+        "replicas; 0 = no limit. One more is a 429.")
+    max_event_streams: int = Field(
+        512, ge=1, le=100_000, description="Event streams this server process holds open at once, every key "
+        "together; they use a Redis connection pool of their own, of this size, apart from the request path's.")
+    max_active_jobs_per_key: int = Field(
+        50, ge=0, description="Queued plus running jobs one API key may have; 0 = no limit. One more submit is a 429.")
+    redis_max_connections: int = Field(
+        256, ge=4, le=100_000, description="Redis connections of the request path (reads, rate limits), per process.")
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, le=16 * 1024 * 1024,
+        description="Largest request head (request line and headers) accepted, in bytes; a larger one is a 431.")
+    max_headers: int = Field(100, ge=8, le=10_000, description="Most request headers accepted; more is a 431.")
+    api_docs: bool = Field(
+        False, description="Serve /docs and /redoc (their pages load scripts from a CDN; /openapi.json is always "
+        "served).")
     sse_poll_s: float = Field(
         1.0, gt=0, le=60, description="Seconds an event stream waits on Redis before checking progress again."
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from .failures import ModelRefused
 from .storage import local_dir_confined
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,27 @@ def local_model_dir(uri: str, cache_dir: str | os.PathLike | None = None, endpoi
     return dest
 
 
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+
+def check_loadable(path: Path, uri: str) -> None:
+    """Raise :class:`~dfp_shared.failures.ModelRefused` for a checkpoint that cannot be loaded here, before
+    anything is read: no ``config.json``, or no safetensors weights (pickled weights are never loaded)."""
+    if not (path / "config.json").is_file():
+        raise ModelRefused(f"model {uri}: no config.json (not a Hugging Face checkpoint)")
+    if not any(path.glob("*.safetensors")):
+        pickles = sorted({p.name for pattern in PICKLED_WEIGHTS for p in path.glob(pattern)})
+        found = f"only pickled weights ({', '.join(pickles[:3])})" if pickles else "no weights"
+        raise ModelRefused(f"model {uri}: {found}; the services load safetensors weights only (loading a pickle "
+                           "runs code)")
+
+
 def load_causal_lm(uri: str, device: str | None = None, dtype: str | None = None, endpoint_url: str | None = None):
     """Load a Hugging Face causal LM in eval mode: bf16 on CUDA, fp32 on CPU by default."""
     from transformers import AutoModelForCausalLM
 
     path = local_model_dir(uri, endpoint_url=endpoint_url)
+    check_loadable(path, uri)
     dev = pick_device(device)
     # weights only from safetensors (a pickled .bin from storage would run code), and no model code from it
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dev, dtype), attn_implementation="sdpa",

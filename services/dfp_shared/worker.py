@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ValidationError
 
+from .failures import CannotSucceed
 from .job_flow import finish_job
 from .job_types import JobType, task_job_type
 from .jobs import JobNotFound, JobRecord, JobState, JobStore
@@ -390,10 +391,10 @@ class Worker:
         except TaskReleased:  # a stop, not a failure: the delivery is given back with the task
             self._give_back([task], attempted=False)
             self._count("released")
-        except AccessRefused as exc:  # storage the job may not touch: a retry cannot succeed
+        except (AccessRefused, CannotSucceed) as exc:  # storage the job may not touch, a refused model, ...
             log.error("task refused", extra={"kind": self.queue.kind, "task": task.id, "job_id": task.job_id,
                                              "key": task.key, "error": str(exc)})
-            self._fail_job(task, f"refused: {exc}")
+            self._fail_job(task, f"refused: {exc}")  # a retry cannot succeed
             self._ack(task, "refused")
         except Exception as exc:  # noqa: BLE001 - any handler error is recorded against the task
             error = f"{type(exc).__name__}: {exc}"

@@ -90,8 +90,6 @@ class EncoderCache:
 class TokenizeHandler(JobHandler):
     """``handler(task, ctx)`` for the shared :class:`~dfp_shared.worker.Worker` loop."""
 
-    invalid_spec_fails_job = False
-
     def __init__(self, r, encoders: EncoderCache, endpoint_url: str | None = None, roots: StorageRoots | None = None):
         self.r = r
         self.jobs = JobStore(r)

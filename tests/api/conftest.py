@@ -46,14 +46,18 @@ def make_app(redis_server):
 
 
 @contextlib.contextmanager
-def served(app):
-    """``app`` under a real uvicorn (httptools, as served) on a free loopback port; yields the port."""
+def served(app, http=None):
+    """``app`` under a real uvicorn (httptools with the head limits, as served) on a free loopback port;
+    yields the port."""
     import uvicorn
+    from dfp_api.server import uvicorn_config
+    from dfp_api.settings import ApiSettings
 
     from tests.support.servers import free_port, wait_for_port
 
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", lifespan="on",
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
+                                        http=http or uvicorn_config(ApiSettings(auth_disabled=True))["http"],
                                         log_config=None, access_log=False))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()

@@ -192,3 +192,32 @@ def test_readme_values_reference_lists_every_value():
                 break
         else:
             raise AssertionError(f"README values reference misses {'.'.join(path)}")
+
+
+def test_api_limits_are_chart_values_the_api_accepts():
+    """Each per-key limit and the header limits are chart values, set on the API container as the settings
+    they name, and the API starts with them (defaults and an operator's own)."""
+    from dfp_api.settings import ApiSettings
+
+    from tests.support.chart import render_workloads
+
+    limits = {"ratePerSecond": 5, "burst": 20, "eventStreamsPerKey": 2, "eventStreamsPerProcess": 64,
+              "activeJobsPerKey": 3, "headerBytes": 8192, "headers": 40}
+    for values, want in (({}, {"max_streams_per_key": 8, "max_active_jobs_per_key": 50, "api_docs": False}),
+                         ({"api": {"limits": limits, "docs": True}},
+                          {"rate_limit_per_s": 5, "rate_limit_burst": 20, "max_streams_per_key": 2,
+                           "max_event_streams": 64, "max_active_jobs_per_key": 3, "max_header_bytes": 8192,
+                           "max_headers": 40, "api_docs": True})):
+        api = next(w for w in render_workloads(values) if w["component"] == "api")
+        env = {k[len("DFLASH_"):].lower(): v for k, v in api["containers"][0]["env"].items()
+               if k.startswith("DFLASH_") and k[len("DFLASH_"):].lower() in ApiSettings.model_fields
+               and k != "DFLASH_API_KEYS"}
+        settings = ApiSettings(**env, api_keys=None, auth_disabled=True)
+        for name, value in want.items():
+            assert getattr(settings, name) == value, name
+
+
+def test_api_limits_schema_rejects_bad_values():
+    with helm_python.Chart.load(str(CHART_DIR)) as chart, pytest.raises(helm_python.HelmError) as err:
+        chart.render({"api": {"limits": {"eventStreamsPerKey": -1}}}, name="dflash", namespace="dflash")
+    assert "/api/limits/eventStreamsPerKey" in str(err.value)

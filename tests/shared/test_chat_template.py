@@ -86,3 +86,17 @@ def test_oversized_operations_and_runaway_renders_are_ordinary_errors():
         render_chat(loop, [{"role": "user", "content": "x"}], budget=RenderBudget(0.2, 512 * 2**20))
     assert render_chat("{{ messages|length }}", [{"role": "user", "content": "x"}],
                        budget=RenderBudget(2.0, 512 * 2**20)) == "1"
+
+
+def test_strftime_now_prints_plain_dates_and_refuses_widths_before_it_runs():
+    import datetime
+
+    from dfp_shared.chat_template.render import TemplateOverBudget, render_chat
+
+    msgs = [{"role": "user", "content": "hi"}]
+    today = datetime.datetime.now().strftime("%d %b %Y")
+    assert render_chat("{{ strftime_now('%d %b %Y') }}", msgs) in (today, datetime.datetime.now().strftime("%d %b %Y"))
+    for bad in ("{{ strftime_now('%1000000000d') }}", "{{ strftime_now('%_9Y') }}", "{{ strftime_now('50%') }}",
+                "{{ 'a'|urlize }}", "{{ lipsum() }}"):
+        with pytest.raises(TemplateOverBudget, match="before it ran"):
+            render_chat(bad, msgs)

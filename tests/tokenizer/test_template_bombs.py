@@ -68,6 +68,16 @@ BOMBS = [
     ("{{ [1]|batch(10**9, 0)|list|length }}", "the batch filter"),
     ("{{ ([[1] * 100] * 10000)|sum(start=[])|length }}", "the sum filter"),
     ("{{ (['x' * 100000] * 50)|tojson(indent=100000) }}", "the tojson filter"),
+    # filters and globals whose one call can cost far more than it prints
+    ("{{ strftime_now('%1000000000d') }}", "strftime_now"),
+    ("{{ strftime_now('%-_0^#1000000000Y') }}", "strftime_now"),
+    ("{{ strftime_now('%Y' * 1000000) }}", "strftime_now"),
+    ("{{ ('http://' ~ 'a.' * 1000000)|urlize }}", "the urlize filter"),
+    ("{{ 'x'|urlize }}", "the urlize filter"),
+    ("{{ lipsum(1000000000) }}", "lipsum"),
+    ("{{ 1.5|round(100000000, 'floor') }}", "the round filter"),
+    ("{{ ('\"' * 3000000)|e }}", "the escape filter"),
+    ("{{ ('\u00e9' * 2000000)|urlencode }}", "the urlencode filter"),
     # a size that grows in a loop: refused at the first step over the limit
     ("{% set ns = namespace(n=1) %}{% for i in range(60) %}{% set ns.n = ns.n * 4 %}{{ ('x' * ns.n)|length }}"
      "{% endfor %}", "'*' on a str"),

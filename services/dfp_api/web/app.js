@@ -136,21 +136,42 @@ function drawCharts(points) {
     .map(([k, v]) => `${k} ${fmt(v)}`).join("  ") : "no metric points yet";
 }
 
+// one POSIX shell word, whatever the text holds (quotes, $(...), backticks, newlines): safe to paste
+function shellQuote(text) {
+  const s = String(text);
+  return /^[A-Za-z0-9_@%+=:,./-]+$/.test(s) ? s : "'" + s.replace(/'/g, "'\\''") + "'";
+}
+
+function localPath(uri) { return String(uri).replace(/^file:\/\//, "").replace(/\/$/, "") || "/"; }
+
 function servingText(spec, outputs) {
   const train = spec.train || spec;
   if (!outputs.drafter) return "The serving commands appear when the drafter is exported.";
-  const drafter = outputs.drafter.replace(/^file:\/\//, "").replace(/\/$/, "");
-  const target = String(train.target || "<target>").replace(/^file:\/\//, "");
-  const config = JSON.stringify({method: "dflash", model: drafter, num_speculative_tokens: (train.block_size || 16) - 1});
-  const lines = [`vllm serve ${target} --speculative-config '${config}'`];
-  if (outputs.tensorboard) lines.push(`tensorboard --logdir ${outputs.tensorboard.replace(/^file:\/\//, "")}`);
+  const serving = outputs.serving && typeof outputs.serving === "object" ? outputs.serving : {};
+  // the trainer's own command line (quoted there); else one built here, every word quoted
+  let vllm = typeof serving.vllm === "string" ? serving.vllm : null;
+  if (vllm === null) {
+    const config = JSON.stringify({method: "dflash", model: localPath(outputs.drafter),
+                                   num_speculative_tokens: (Number(train.block_size) || 16) - 1});
+    vllm = ["vllm", "serve", shellQuote(localPath(train.target || "<target>")), "--speculative-config",
+            shellQuote(config)].join(" ");
+  }
+  const lines = [vllm];
+  if (outputs.tensorboard) lines.push("tensorboard --logdir " + shellQuote(localPath(outputs.tensorboard)));
   return lines.join("\n");
+}
+
+// any output value as text: a string as it is, a list item by item, anything else as JSON
+function outputText(value) {
+  if (typeof value === "string") return value;
+  if (Array.isArray(value)) return value.map(outputText).join(", ");
+  return JSON.stringify(value);
 }
 
 function artifactItem(name, value) {
   const li = el("li", name + ": ");
-  const text = Array.isArray(value) ? value.join(", ") : String(value);
-  const http = /^https?:\/\//.test(text);
+  const text = outputText(value);
+  const http = typeof value === "string" && /^https?:\/\//.test(text);
   li.appendChild(http ? el("a", text, {href: text, rel: "noreferrer"}) : el("code", text));
   return li;
 }

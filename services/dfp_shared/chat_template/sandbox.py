@@ -265,7 +265,24 @@ def _f_tojson(env, x, ensure_ascii=False, indent=None, separators=None, sort_key
     return x
 
 
-_FILTER_CHECKS = {"center": _f_center, "indent": _f_indent, "format": _f_format, "replace": _f_replace,
+def _f_round(env, value, precision=0, method="common"):
+    if isinstance(precision, int) and method in ("ceil", "floor"):  # it computes 10 ** precision
+        check("the round filter", abs(precision) * math.log2(10), MAX_INT_BITS, "bits")
+    return value
+
+
+def _f_escape(env, s):  # one character becomes at most six (``&#34;``)
+    check("the escape filter", 6 * weight(s, env.size_cap), env.size_cap)
+    return s
+
+
+def _f_urlencode(env, value):  # one character becomes at most twelve (four UTF-8 bytes, each %XX)
+    check("the urlencode filter", 12 * weight(value, env.size_cap), env.size_cap)
+    return value
+
+
+_FILTER_CHECKS = {"round": _f_round, "e": _f_escape, "escape": _f_escape, "forceescape": _f_escape,
+                  "urlencode": _f_urlencode, "center": _f_center, "indent": _f_indent, "format": _f_format, "replace": _f_replace,
                   "wordwrap": _f_wordwrap, "join": _f_join, "batch": _f_batch, "sum": _f_sum, "tojson": _f_tojson}
 # filters that print their value whole first
 _PRINTING_FILTERS = frozenset({"string", "e", "escape", "forceescape", "safe", "upper", "lower", "capitalize",
@@ -369,6 +386,49 @@ def _sized_class(base: type) -> type:
     return type(f"Sized{base.__name__}", (SizedSandbox, base), {})
 
 
+# strftime directives whose output is a few characters; no flags, no widths (``%1000000000d``)
+_STRFTIME = re.compile(r"%(.)", re.S)
+_STRFTIME_SAFE = frozenset("aAbBcdDeFgGhHIjmMnpStTuUVwWxXyYzZ%")
+STRFTIME_DIRECTIVE_CHARS = 64
+"""The most characters one allowed directive prints (``%c`` in a long locale is the longest)."""
+
+
+def _refused(operation: str, why: str) -> BudgetExceeded:
+    return BudgetExceeded(f"refused {operation} before it ran: {why}")
+
+
+def sized_strftime_now(cap: int):
+    """transformers' ``strftime_now(format)``, with the format checked first: only plain directives (a
+    flag or a width makes the C library pad to any size in one call), and a result under ``cap``."""
+    from datetime import datetime
+
+    def strftime_now(format):
+        text = _text("strftime_now", format, cap)
+        directives = _STRFTIME.findall(text)
+        bad = sorted({d for d in directives if d not in _STRFTIME_SAFE})
+        if bad or text.count("%") != len(directives):
+            raise _refused("strftime_now", f"only plain directives (%Y, %d, ...) are allowed, no flags or widths "
+                                           f"(got {', '.join('%' + d for d in bad) or 'a trailing %'})")
+        check("strftime_now", len(text) + len(directives) * STRFTIME_DIRECTIVE_CHARS, cap)
+        return datetime.now().strftime(text)
+
+    return strftime_now
+
+
+def _unavailable(operation: str, why: str, filter: bool = False):
+    def refuse(*args, **kwargs):
+        raise _refused(operation, why)
+
+    # a filter: never run at compile time (with constant arguments jinja would fold it)
+    return pass_context(lambda context, *args, **kwargs: refuse()) if filter else refuse
+
+
+UNAVAILABLE_FILTERS = {"urlize": "it is not available in this sandbox (its regular expressions can run for "
+                                 "seconds in one call on a crafted word)"}
+UNAVAILABLE_GLOBALS = {"lipsum": "it is not available in this sandbox (placeholder text has no place in a chat "
+                                 "template)"}
+
+
 def sized_copy(env, cap: int):
     """A copy of the sandboxed environment ``env`` that refuses any single operation whose result would be
     over ``cap`` characters; templates compiled from it afterwards are checked (operators are intercepted,
@@ -379,6 +439,9 @@ def sized_copy(env, cap: int):
     new.finalize = new.sized_output
     new.filters = {**env.filters, **{name: _sized_filter(name, env.filters[name])
                                      for name in _FILTER_CHECKS.keys() | _PRINTING_FILTERS if name in env.filters}}
+    for name, why in UNAVAILABLE_FILTERS.items():
+        new.filters[name] = _unavailable(f"the {name} filter", why, filter=True)
+    new.globals = {**env.globals, **{name: _unavailable(name, why) for name, why in UNAVAILABLE_GLOBALS.items()}}
     raise_exception = env.globals.get("raise_exception")
     if raise_exception is not None:  # its message is printed when the record's error is written
 
@@ -386,5 +449,7 @@ def sized_copy(env, cap: int):
             check_printed("raise_exception", message, cap)
             return raise_exception(message)
 
-        new.globals = {**env.globals, "raise_exception": sized_raise_exception}
+        new.globals["raise_exception"] = sized_raise_exception
+    if "strftime_now" in env.globals:
+        new.globals["strftime_now"] = sized_strftime_now(cap)
     return new

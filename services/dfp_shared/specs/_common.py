@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import typing
 from typing import Annotated
 
@@ -22,6 +23,24 @@ StorageUri = Annotated[str, AfterValidator(_uri)]
 """A canonical ``s3://bucket/key`` or ``file:///path`` URI, or an absolute local path (see
 :func:`dfp_shared.storage_uris.canonical_uri`); whether it lies inside the operator's roots is
 checked by the API and by every worker."""
+
+
+def _finite(value, where: str = ""):
+    """``value`` (plain JSON) if no number in it is NaN or infinite (JSON has no such numbers; a parser
+    that accepts them would otherwise store them as null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where or 'value'}: {value!r} is not a finite number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _finite(v, f"{where}[{i}]")
+    return value
+
+
+FiniteJson = Annotated[dict, AfterValidator(_finite)]
+"""A JSON object whose numbers, however deep, are all finite."""
 
 
 def _is_storage_uri(annotation, metadata=()) -> bool:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class PipelineSpec(BaseModel):
     """Each stage's spec without the fields the pipeline wires itself (inputs from earlier stages)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     generate: dict = Field(description="GenerateSpec fields.")
     tokenize: dict = Field(description="TokenizeSpec fields except `input` (the completions).")

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ._common import StorageUri
+from ._common import FiniteJson, StorageUri
 
 
 class TokenizeSpec(BaseModel):
@@ -42,7 +42,7 @@ class TokenizeSpec(BaseModel):
                     "the operator registered (DFLASH_CHAT_TEMPLATES_DIR/<name>.jinja), or Jinja text where the "
                     "deployment accepts it. Every template renders under the operator's time and memory budget "
                     "per record.")
-    template_kwargs: dict = Field(
+    template_kwargs: FiniteJson = Field(
         default_factory=dict, max_length=64,
         description="Extra variables passed to the chat template (enable_thinking is set from `thinking`).")
     duplicate_ids: Literal["keep", "drop"] = Field(

@@ -132,7 +132,8 @@ def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path) -
     spec = TrainSpec.model_validate({
         "dataset": f"file://{dataset}", "target": f"file://{model_dir}", "output": f"file://{out}",
         "steps": steps, "tokens_per_batch": 1024, "max_length": 1024, "warmup_ratio": 0.05,
-        "checkpoint_every": steps, "eval_prompts": 0, "seed": SEED, "exports": ["zlab"], **recipe})
+        "checkpoint_every": steps, "eval_prompts": 0, "seed": SEED, "exports": ["zlab"], "enable_thinking": False,
+        **recipe})
     result = run_local(spec, TrainerSettings(storage_url=f"file://{out.parent}", target_url="inprocess"), resume=False)
     if not result.completed:
         raise RuntimeError("training stopped before its last step")

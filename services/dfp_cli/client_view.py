@@ -102,6 +102,46 @@ class WatchView:
             self.show(f"{name}:", record)
 
 
+class LineProgress:
+    """Progress as plain lines, for a log file, a pipe or a narrow terminal, where a live table's columns
+    would be cut to ``…``: a line when a bar moves by a tenth of its total, and every bar's final counts at
+    the end, each on its own line and never cut. Offers what :class:`WatchView` uses of a rich ``Progress``."""
+
+    STEP = 0.1  # share of a bar's total between two lines
+
+    def __init__(self, console: Console):
+        self.console, self.tasks, self.printed = console, {}, {}
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in self.tasks:
+            self.console.print(self._line(name), markup=False, highlight=False, soft_wrap=True)
+
+    def add_task(self, name: str, total=None, **fields) -> str:
+        self.tasks[name] = {"completed": 0, "total": total, **fields}
+        return name
+
+    def update(self, task: str, completed=0, total=None, **fields) -> None:
+        self.tasks[task].update(completed=completed, total=total, **fields)
+        last, step = self.printed.get(task), (total or 0) * self.STEP
+        if last is None or (step and completed - last >= step):
+            self.printed[task] = completed
+            self.console.print(self._line(task), markup=False, highlight=False, soft_wrap=True)
+
+    def _line(self, name: str) -> str:
+        t = self.tasks[name]
+        share = f" ({100 * t['completed'] / t['total']:.0f}%)" if t["total"] else ""
+        note = f"  {t['note']}" if t.get("note") else ""
+        return f"{name:>22} {t['completed']:.0f}/{t.get('total_text', _num(t['total']))}{share}{note}"
+
+
+def live_table_fits(con: Console) -> bool:
+    """Whether a live progress table is readable on ``con``: a terminal at least 100 columns wide."""
+    return con.is_terminal and con.width >= 100
+
+
 def stage_records(api: Api, job: dict) -> dict[str, dict]:
     """A pipeline's stage jobs as they are now, by stage name (empty for other jobs)."""
     return {s: api.call("GET", f"/v1/jobs/{job['outputs'][f'{s}_job']}").json()
@@ -114,9 +154,11 @@ def watch_job(api: Api, job_id: str) -> int:
     job = api.call("GET", f"/v1/jobs/{job_id}").json()
     console.print(f"watching {job_id} ({job['type']})")
     final = job
-    with Progress(TextColumn("{task.description:>16}"), BarColumn(), TaskProgressColumn(),
-                  TextColumn("{task.completed:.0f}/{task.fields[total_text]}"), TimeRemainingColumn(),
-                  TextColumn("{task.fields[note]}"), console=console, transient=False) as progress:
+    table = live_table_fits(console)
+    with (Progress(TextColumn("{task.description:>16}"), BarColumn(), TaskProgressColumn(),
+                   TextColumn("{task.completed:.0f}/{task.fields[total_text]}"), TimeRemainingColumn(),
+                   TextColumn("{task.fields[note]}"), console=console, transient=False)
+          if table else LineProgress(console)) as progress:
         view = WatchView(progress)
         for event, _, data in sse_events(api, job_id):
             if event == "progress":

@@ -55,3 +55,27 @@ def test_the_final_display_shows_every_stage_complete():
 def test_figures_of_a_metric_point():
     assert figures({"step": 40, "loss": 3.2101, "accuracy": 0.31, "tau": 1.8, "lr": 1e-3}) == \
         "loss 3.21  accuracy 0.31  tau 1.8"
+
+
+def test_a_log_file_or_an_80_column_pipe_gets_whole_lines_not_a_cut_table():
+    import io
+
+    from dfp_cli.client_view import LineProgress, live_table_fits
+
+    out = io.StringIO()
+    console = Console(file=out, width=80)
+    assert not live_table_fits(console)  # a file: plain lines
+    assert not live_table_fits(Console(file=io.StringIO(), width=80, force_terminal=True))  # too narrow a terminal
+    assert live_table_fits(Console(file=io.StringIO(), width=160, force_terminal=True))
+    with LineProgress(console) as progress:
+        view = WatchView(progress)
+        for share in (0.0, 0.05, 0.5, 1.0):
+            view.show("generate:", _record("generate", share, JobState.running))
+        view.finish(_record("generate", 1.0, JobState.succeeded), {
+            "train": _record("train", 1.0, JobState.succeeded, loss=2.5, tau=1.75)})
+    text = out.getvalue()
+    assert "…" not in text
+    final = [line.strip() for line in text.splitlines()[-7:]]  # every bar's final counts, one line each
+    assert any(line.startswith("generate:completions 32/32 (100%)") for line in final), final
+    assert any(line.startswith("train:steps 20/20 (100%)") and "tau 1.75" in line for line in final), final
+    assert text.count("generate:completions") < 8  # lines when a bar moves by a tenth, not at every event

@@ -6,8 +6,13 @@ import math
 
 import pytest
 from dfp_trainer.evaluate.decode import verify_decode
-from dfp_trainer.evaluate.prediction import (predicted_interval, predicted_tau, predicted_tau_cut, serve_gap,
-                                             tau_interval)
+from dfp_trainer.evaluate.prediction import (
+    predicted_interval,
+    predicted_tau,
+    predicted_tau_cut,
+    serve_gap,
+    tau_interval,
+)
 from dfp_trainer.evaluate.tau import tau_figures
 
 

@@ -6,15 +6,16 @@ exported), ``report.json`` (``exports``; ``serving``: the vLLM / SGLang command 
 snippet for the export;
 ``evaluation``: τ of both drafters by speculative decoding on the held-out prompts, and of n-gram
 speculation at the same draft length (``tau_ngram``),
+``tau_predicted``: the τ the held-out per-position accuracies predict by the product rule, counted as the
+measured one, with ``tau_gap``, ``tau_gap_noise`` and ``train_serve_mismatch`` (:func:`predictions`),
 and ``heldout_trained`` / ``heldout_untrained``: loss, accuracy and accuracy per block position on the
 held-out samples; ``summary``: the training-batch loss and accuracy of the last steps, throughput,
 data-wait and communication shares; ``tau_curve``: τ over training steps), ``loss_curve.png``,
-``position_accuracy.png`` and, with an evaluation, ``tau_curve.png``.
+``position_accuracy.png`` and, with an evaluation, ``tau_curve.png`` (:mod:`.plots`).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from pathlib import Path
@@ -26,11 +27,13 @@ from dfp_shared.storage import open_store
 
 from .drafter.wrappers import unwrap
 from .evaluate.ngram import ngram_decode
+from .evaluate.prediction import serve_gap
 from .evaluate.prompts import eval_prompts
 from .evaluate.tau import tau_figures, tau_of
 from .export import speculators, zlab
 from .export.serving import local_path, serving_commands
 from .loop.heldout import evaluate_heldout, initial_weights
+from .plots import plot_loss, plot_position_accuracy, plot_tau
 from .settings import scratch_dir
 
 log = logging.getLogger(__name__)
@@ -79,78 +82,48 @@ def verifying_target(setup, drafter):
 def _tau_entry(result: dict) -> dict:
     """The report's form of an acceptance result: totals, and the tau of each prompt."""
     return {"tau": result["tau"], "steps": result["steps"], "new_tokens": result["new_tokens"],
-            "per_prompt": [p["tau"] for p in result["per_prompt"]]}
+            "per_prompt": [p["tau"] for p in result["per_prompt"]],
+            "per_prompt_steps": [p["steps"] for p in result["per_prompt"]],
+            "per_prompt_new_tokens": [p["new_tokens"] for p in result["per_prompt"]]}
 
 
 def _plain(d: dict) -> dict:
     return {k: v for k, v in d.items() if isinstance(v, (int, float, str, bool, list))}
 
 
-def plot_loss(history: list[dict]) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.plot([r["step"] for r in history], [r["loss"] for r in history], lw=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("DFlash drafter training loss")
-    ax.grid(alpha=0.3)
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def tau_points(history: list[dict], evaluation: dict) -> list[tuple[int, float]]:
+def tau_points(history: list[dict], evaluation: dict) -> list[dict]:
     """τ over training steps: the untrained drafter at step 0, each mid-training evaluation, the trained
-    drafter at the last step."""
-    points = [(0, evaluation["tau_untrained"])] if evaluation.get("tau_untrained") is not None else []
-    points += [(r["step"], r["tau"]) for r in history if "tau" in r]
-    if evaluation.get("tau_trained") is not None and history:
-        points.append((history[-1]["step"], evaluation["tau_trained"]))
+    drafter at the last step; each point ``{"step", "tau", "tau_predicted"}`` with the figures it has
+    (a mid-training evaluation measures τ only with the target in-process, and predicts it always)."""
+    def point(step: int, tau, predicted) -> dict:
+        return {"step": step, **({"tau": tau} if tau is not None else {}),
+                **({"tau_predicted": predicted} if predicted is not None else {})}
+
+    points = []
+    if evaluation.get("tau_untrained") is not None or evaluation.get("tau_predicted_untrained") is not None:
+        points.append(point(0, evaluation.get("tau_untrained"), evaluation.get("tau_predicted_untrained")))
+    points += [point(r["step"], r.get("tau"), r.get("tau_predicted")) for r in history
+               if "tau" in r or "tau_predicted" in r]
+    if history and (evaluation.get("tau_trained") is not None or evaluation.get("tau_predicted") is not None):
+        points.append(point(history[-1]["step"], evaluation.get("tau_trained"), evaluation.get("tau_predicted")))
     return points
 
 
-def plot_tau(points: list[tuple[int, float]]) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", lw=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("tau (tokens per draft-verify step)")
-    ax.set_title("Acceptance length over training")
-    ax.grid(alpha=0.3)
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def plot_position_accuracy(acc: list[float]) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.bar(range(1, len(acc) + 1), acc)
-    ax.set_xlabel("block position")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1)
-    ax.set_title("Draft accuracy per block position")
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+def predictions(evaluation: dict) -> dict:
+    """The τ each drafter's held-out per-position accuracies predict (:mod:`.evaluate.prediction`),
+    counted as its measured τ, and for the trained drafter the gap and the train/serve verdict."""
+    out = {}
+    for which in ("trained", "untrained"):
+        held, measured = evaluation.get(f"heldout_{which}"), evaluation.get(f"eval_{which}")
+        if not held or not measured:
+            continue
+        acc, counts = held["per_position_accuracy"], held.get("per_position_count")
+        gap = serve_gap(acc, counts, measured["tau"], measured["per_prompt_new_tokens"], measured["per_prompt_steps"])
+        if which == "trained":
+            out.update(gap)
+        else:
+            out["tau_predicted_untrained"] = gap["tau_predicted"]
+    return out
 
 
 def finish_run(setup, drafter, history: list[dict], summary: dict) -> dict:
@@ -166,14 +139,15 @@ def finish_run(setup, drafter, history: list[dict], summary: dict) -> dict:
               "enable_thinking": spec.enable_thinking, "dataset_thinking": setup.dataset.thinking,
               "exports": uris, "serving": serving}
     if config.evaluate and spec.eval_prompts:
-        report["evaluation"] = {**evaluate_drafters(setup, drafter), **evaluate_heldout(setup, drafter)}
+        evaluation = {**evaluate_drafters(setup, drafter), **evaluate_heldout(setup, drafter)}
+        report["evaluation"] = {**evaluation, **predictions(evaluation)}
     report["history"] = [{k: v for k, v in r.items() if k != "per_position_accuracy"} for r in history]
     plots = [("loss_curve.png", plot_loss(history)),
              ("position_accuracy.png", plot_position_accuracy(summary.get("per_position_accuracy", [])))]
     taus = tau_points(history, report.get("evaluation", {}))
     if taus:
-        report["tau_curve"] = [{"step": step, "tau": tau} for step, tau in taus]
-        plots.append(("tau_curve.png", plot_tau(taus)))
+        report["tau_curve"] = taus
+        plots.append(("tau_curve.png", plot_tau(taus, report["evaluation"].get("tau_ngram"))))
     out.put_many([("report.json", json.dumps(report, indent=1).encode()), *plots])
     results = headline(summary, report.get("evaluation", {}))
     log.info("training finished", extra={k: v for k, v in results.items() if v is not None})
@@ -207,13 +181,17 @@ def export_layouts(setup, drafter, out) -> dict[str, str]:
 
 def headline(summary: dict, evaluation: dict) -> dict:
     """The run's headline figures (job outputs and the finished log): training-batch loss and accuracy
-    per block position over the last steps, τ trained vs untrained vs n-gram, and the held-out metrics."""
+    per block position over the last steps, τ trained vs untrained vs n-gram, the predicted τ and the
+    train/serve verdict, and the held-out metrics."""
     held = evaluation.get("heldout_trained") or {}
     held_before = evaluation.get("heldout_untrained") or {}
     return {"final_loss": summary.get("final_loss_avg"),
             "per_position_accuracy": _rounded(summary.get("per_position_accuracy")),
             "tau_trained": evaluation.get("tau_trained"), "tau_untrained": evaluation.get("tau_untrained"),
-            "tau_ngram": evaluation.get("tau_ngram"), "heldout_loss": held.get("loss"), "heldout_loss_untrained": held_before.get("loss"),
+            "tau_ngram": evaluation.get("tau_ngram"), "tau_predicted": evaluation.get("tau_predicted"),
+            "tau_gap": evaluation.get("tau_gap"), "tau_gap_noise": evaluation.get("tau_gap_noise"),
+            "train_serve_mismatch": evaluation.get("train_serve_mismatch"),
+            "mismatch_reason": evaluation.get("mismatch_reason"), "heldout_loss": held.get("loss"), "heldout_loss_untrained": held_before.get("loss"),
             "heldout_accuracy": held.get("accuracy"),
             "heldout_per_position_accuracy": _rounded(held.get("per_position_accuracy"))}
 

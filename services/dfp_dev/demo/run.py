@@ -120,6 +120,9 @@ def pipeline_spec(cfg: DemoConfig, store_dir: Path, model_dir: Path, prompt_file
                       "steps": cfg.train_steps, "tokens_per_batch": 1024, "max_length": 256,
                       "num_draft_layers": cfg.draft_layers, "block_size": 8, "lr": 5e-3, "warmup_ratio": 0.05,
                       "max_anchors": 8, "checkpoint_every": 100, "eval_prompts": cfg.eval_prompts,
+                      # a few mid-training points on the tau curve: held-out accuracy on 4 samples and the
+                      # tau it predicts (the target is remote, so tau itself is measured at the end only)
+                      "eval_every": max(1, cfg.train_steps // 6),
                       "eval_max_new_tokens": 32, "seed": 0, "enable_thinking": thinking},
         },
     }
@@ -205,6 +208,15 @@ def run_demo(cfg: DemoConfig) -> int:
             redis.stop()
 
 
+def prediction_line(train: dict) -> str:
+    """The τ the held-out accuracies predict beside the measured one, and the train/serve verdict."""
+    noise = f" ± {train['tau_gap_noise']:.2f}" if train.get("tau_gap_noise") is not None else ""
+    verdict = ("[red]train/serve mismatch[/red]: " + train["mismatch_reason"] if train.get("train_serve_mismatch")
+               else "no train/serve mismatch")
+    return (f"predicted from held-out accuracy: {train['tau_predicted']:.2f} (gap {train['tau_gap']:+.2f}{noise}); "
+            f"{verdict}")
+
+
 def summarise(final: dict, stages: dict, out: Path) -> None:
     """Where everything is, the headline numbers, and the commands to look at each."""
     train = stages.get("train", {}).get("outputs", {})
@@ -217,6 +229,8 @@ def summarise(final: dict, stages: dict, out: Path) -> None:
         ngram = f", n-gram speculation {train['tau_ngram']:.2f}" if train.get("tau_ngram") is not None else ""
         console.print(f"acceptance length tau: trained [bold]{train['tau_trained']:.2f}[/bold] "
                       f"vs untrained {train['tau_untrained']:.2f}{ngram} (tokens per draft-verify step)")
+        if train.get("tau_predicted") is not None:
+            console.print(prediction_line(train))
     paths = {"completions": stages.get("generate", {}).get("outputs", {}).get("completions"),
              "token shards": stages.get("tokenize", {}).get("outputs", {}).get("dataset"),
              "drafter export": train.get("drafter"), "speculators export": train.get("drafter_speculators"),

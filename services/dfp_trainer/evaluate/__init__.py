@@ -2,6 +2,7 @@
 
 * :mod:`.decode` - speculative decoding and verification (greedy, as the reference);
 * :mod:`.tau` - counting τ (acceptance length), and τ of a drafter with a run's decoding settings;
+* :mod:`.prediction` - the τ held-out per-position accuracies predict, and the train/serve verdict;
 * :mod:`.ngram` - n-gram (prompt-lookup) speculation, the baseline without a drafter;
 * :mod:`.prompts` - which prompts a training run evaluates on;
 * :mod:`.job` and :mod:`.handler` - the ``evaluate`` job and its worker handler;

@@ -58,8 +58,8 @@ def evaluate_heldout(setup, drafter) -> dict:
 @torch.no_grad()
 def heldout_metrics(drafter, batches: Iterable[Batch], *, max_anchors: int = 512, gamma: float = 7.0,
                     seed: int = 0) -> dict:
-    """The objective's loss, accuracy and per-position accuracy over held-out batches (with their
-    ``target_hidden``); anchors are sampled from ``seed`` so repeated evaluations compare alike.
+    """The objective's loss, accuracy and per-position accuracy (and the blocks each position was scored
+    on, ``per_position_count``) over held-out batches (with their ``target_hidden``); anchors are sampled from ``seed`` so repeated evaluations compare alike.
     """
     model = unwrap(drafter)
     was_training = model.training
@@ -82,5 +82,6 @@ def heldout_metrics(drafter, batches: Iterable[Batch], *, max_anchors: int = 512
     return {"loss": sums["loss_sum"] / sums["weight_sum"] if sums["weight_sum"] else 0.0,
             "accuracy": sums["correct_sum"] / tokens if tokens else 0.0,
             "per_position_accuracy": [c / n if n else 0.0 for c, n in zip(pos_correct, pos_count)],
+            "per_position_count": pos_count,
             "mean_accepted": sums["accepted_sum"] / blocks + 1.0 if blocks else 0.0,
             "num_blocks": blocks, "num_trained_tokens": tokens}

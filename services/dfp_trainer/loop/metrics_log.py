@@ -3,10 +3,12 @@
 
 A point holds the step's training figures (loss, accuracy and accuracy per block position, learning
 rate, grad norm, tokens/s, data-wait and sync shares) and, at an evaluation step, ``heldout_loss``,
-``heldout_accuracy`` and, with the target in-process, ``tau`` (acceptance length by real speculative
-decoding; a remote target's τ is measured at the end only, so the trainer never holds a second copy
-of a large target while it trains) on at most :data:`MID_EVAL_SAMPLES` held-out samples, whose
-target features are fetched once before training.
+``heldout_accuracy``, ``tau_predicted`` (the τ the held-out per-position accuracies predict by the
+product rule, :mod:`dfp_trainer.evaluate.prediction`, counted as the measured τ: cut where each prompt's
+decode ended, or at the whole budget without a measured one) and, with the target in-process, ``tau``
+(acceptance length by real speculative decoding; a remote target's τ is measured at the end only, so
+the trainer never holds a second copy of a large target while it trains) on at most
+:data:`MID_EVAL_SAMPLES` held-out samples, whose target features are fetched once before training.
 
 * **TensorBoard**: event files are written to a local scratch directory and uploaded through the
   storage layer to ``<output>/tensorboard/`` (``file://`` or ``s3://``) every
@@ -29,6 +31,7 @@ from pathlib import Path
 import torch
 from dfp_shared.storage import open_store
 
+from ..evaluate.prediction import predicted_tau_cut
 from ..evaluate.prompts import eval_prompts
 from ..evaluate.tau import tau_of
 from ..run_config import RunConfig
@@ -42,8 +45,9 @@ MID_EVAL_SAMPLES = 4
 """Held-out samples (and prompts) of a mid-training evaluation: bounded, so it costs a few steps."""
 
 TRAIN_KEYS = ("loss", "accuracy", "lr", "grad_norm", "tokens_per_s", "data_wait_fraction", "comm_fraction")
-EVAL_KEYS = ("heldout_loss", "heldout_accuracy", "tau")
-FINAL_KEYS = {"heldout_loss": "heldout_loss", "heldout_accuracy": "heldout_accuracy", "tau": "tau_trained"}
+EVAL_KEYS = ("heldout_loss", "heldout_accuracy", "tau", "tau_predicted")
+FINAL_KEYS = {"heldout_loss": "heldout_loss", "heldout_accuracy": "heldout_accuracy", "tau": "tau_trained",
+              "tau_predicted": "tau_predicted"}
 
 
 def point_of(row: dict) -> dict:
@@ -173,8 +177,12 @@ class MetricsLog:
         out = {"heldout_loss": held["loss"], "heldout_accuracy": held["accuracy"]}
         prompts = eval_prompts(self.setup)[:MID_EVAL_SAMPLES]
         target = getattr(self.setup.source, "model", None)  # a remote target is not loaded here mid-training
+        lengths = [self.spec.eval_max_new_tokens - 1]  # the whole budget: what a decode emits without a stop
         if prompts and target is not None:
-            out["tau"] = tau_of(self.setup, drafter, target, prompts)["tau"]
+            measured = tau_of(self.setup, drafter, target, prompts)
+            out["tau"] = measured["tau"]
+            lengths = [p["new_tokens"] for p in measured["per_prompt"]]
+        out["tau_predicted"] = predicted_tau_cut(held["per_position_accuracy"], lengths)
         return out
 
     def _write(self, point: dict, whole: dict | None = None) -> None:
@@ -196,7 +204,7 @@ class MetricsLog:
                 self._safely(tracker.upload)
 
     def close(self, outputs: dict | None = None, completed: bool = True) -> None:
-        """Log the final evaluation (``outputs``' held-out loss and accuracy, trained τ) at the last step,
+        """Log the final evaluation (``outputs``' held-out loss and accuracy, trained and predicted τ) at the last step,
         upload the event files, end the MLflow run, and name the event files' prefix in ``outputs``."""
         if outputs is not None and self.info.is_main:
             outputs["tensorboard"] = self.tb_uri

@@ -54,13 +54,17 @@ def test_event_files_load_in_tensorboards_reader_with_every_tag_and_step(logged_
     tags = set(acc.Tags()["scalars"])
     expected = {"train/loss", "train/accuracy", "train/lr", "train/grad_norm", "train/tokens_per_s",
                 "train/data_wait_fraction", "train/comm_fraction", "eval/heldout_loss", "eval/heldout_accuracy",
-                "eval/tau", *(f"train/accuracy_pos_{k}" for k in range(1, BLOCK))}
+                "eval/tau", "eval/tau_predicted", *(f"train/accuracy_pos_{k}" for k in range(1, BLOCK))}
     assert expected <= tags
     assert [e.step for e in acc.Scalars("train/loss")] == _logged_steps()
     # mid-training evaluation at step 3, the final one (trained tau, held-out loss) at the last step
     assert [e.step for e in acc.Scalars("eval/tau")] == [EVAL_EVERY, STEPS]
     assert acc.Scalars("eval/tau")[-1].value == pytest.approx(logged_run["result"].outputs["tau_trained"])
     assert all(e.value >= 1.0 for e in acc.Scalars("eval/tau"))
+    # beside each measured tau, the one the held-out per-position accuracies predict
+    assert [e.step for e in acc.Scalars("eval/tau_predicted")] == [EVAL_EVERY, STEPS]
+    assert acc.Scalars("eval/tau_predicted")[-1].value == pytest.approx(logged_run["result"].outputs["tau_predicted"])
+    assert all(1.0 <= e.value <= BLOCK for e in acc.Scalars("eval/tau_predicted"))
 
 
 def test_the_same_run_is_in_mlflow(logged_run):
@@ -97,7 +101,13 @@ def test_the_report_plots_tau_over_training_steps(logged_run, s3_server):
     report = json.loads(out.get("report.json"))
     assert [p["step"] for p in report["tau_curve"]] == [0, EVAL_EVERY, STEPS]
     assert report["tau_curve"][-1]["tau"] == pytest.approx(report["evaluation"]["tau_trained"])
+    assert all("tau" in p and "tau_predicted" in p for p in report["tau_curve"])  # the target is in-process
+    ev = report["evaluation"]
+    assert report["tau_curve"][-1]["tau_predicted"] == pytest.approx(ev["tau_predicted"])
+    assert ev["tau_gap"] == pytest.approx(ev["tau_predicted"] - ev["tau_trained"])
+    assert isinstance(ev["train_serve_mismatch"], bool) and ev["mismatch_reason"]
     assert out.get("tau_curve.png")[:8] == b"\x89PNG\r\n\x1a\n"
     outputs = logged_run["result"].outputs
     assert f"{logged_run['output']}/tau_curve.png" in outputs["plots"]
     assert outputs["tensorboard"] == f"{logged_run['output']}/tensorboard/"
+    assert outputs["tau_predicted"] == ev["tau_predicted"] and outputs["train_serve_mismatch"] == ev["train_serve_mismatch"]

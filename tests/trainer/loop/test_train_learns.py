@@ -27,8 +27,12 @@ def test_train_lowers_loss_and_beats_the_untrained_drafter(tmp_path, tiny_qwen3_
     out = result.outputs
     print(f"loss {first:.3f} -> {last:.3f}; tau {out['tau_untrained']:.2f} -> {out['tau_trained']:.2f}; "
           f"held-out loss {out['heldout_loss_untrained']:.3f} -> {out['heldout_loss']:.3f}; "
-          f"held-out per position {out['heldout_per_position_accuracy']}")
+          f"held-out per position {out['heldout_per_position_accuracy']}; predicted tau {out['tau_predicted']:.2f}, "
+          f"gap {out['tau_gap']:+.2f} (noise {out['tau_gap_noise']:.2f}): {out['mismatch_reason']}")
     assert last < 0.7 * first
     assert out["tau_trained"] > out["tau_untrained"]
     assert out["heldout_loss"] < out["heldout_loss_untrained"]
     assert len(out["heldout_per_position_accuracy"]) == spec.block_size - 1
+    # honest: served as scored, so the measured tau is within noise of what the held-out accuracies predict
+    assert 1.0 < out["tau_predicted"] < spec.block_size and out["tau_gap_noise"] > 0
+    assert out["train_serve_mismatch"] is False, out["mismatch_reason"]

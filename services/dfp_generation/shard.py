@@ -49,8 +49,11 @@ class ShardOutcome:
     prompts: int = 0
     completions: int = 0
     errors: int = 0
+    """Prompts the engine failed on for good (after its retries)."""
     unreadable: int = 0
+    """Prompt records that could not be read (each one a line of the errors file)."""
     truncated: int = 0
+    """Completions cut at max_new_tokens."""
     output_tokens: int = 0
     skipped: bool = False
     """The shard was already done by an earlier run with the same fingerprint."""

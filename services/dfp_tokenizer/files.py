@@ -21,15 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-from dfp_shared.record_sources import (
-    JSON_ARRAY,
-    LINES,
-    RecordError,
-    detect_format,
-    iter_records,
-    select_inputs,
-    unit_of,
-)
+from dfp_shared import record_sources as sources
 from dfp_shared.storage import ObjectStore
 from dfp_shared.token_shards import encode_shard, shard_entry
 from dfp_shared.worker import TaskCancelled, TaskReleased
@@ -68,10 +60,11 @@ def listed_inputs(store: ObjectStore, keys: list[str]) -> list[str]:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    keys = select_inputs(keys, INPUT_SUFFIXES)
+    keys = sources.select_inputs(keys, INPUT_SUFFIXES)
     plain = [k for k in keys if k.endswith(".json")]
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(plain)))) as pool:
-        arrays = {k for k, fmt in zip(plain, pool.map(lambda k: detect_format(store, k), plain)) if fmt == JSON_ARRAY}
+        formats = pool.map(lambda k: sources.detect_format(store, k), plain)
+        arrays = {k for k, fmt in zip(plain, formats) if fmt == sources.JSON_ARRAY}
     return [k for k in keys if not k.endswith(".json") or k in arrays]
 
 
@@ -124,13 +117,16 @@ def _gzip_lines(data: bytes, uri: str, max_line_bytes: int) -> Iterator[tuple[in
 @dataclass
 class FileStats:
     lines: int = 0
+    """Records read (lines, array records or rows)."""
     samples: int = 0
+    errors: Counter = field(default_factory=Counter)
+    """Records not tokenized, by reason."""
     tokens: int = 0
     trained_tokens: int = 0
+    """Tokens in the loss mask."""
     truncated: int = 0
     duplicate_ids: int = 0
     """Lines kept although an earlier line of the file has their sample id."""
-    errors: Counter = field(default_factory=Counter)
     histogram: list[int] = field(default_factory=lambda: [0] * (len(HIST_EDGES) - 1))
     max_length: int = 0
 
@@ -156,14 +152,14 @@ def tokenize_input(store: ObjectStore, key: str, uri: str, shard_key: str, encod
     A JSON Lines file is read whole, as it always was; other files are streamed record by record, a
     JSON-array record larger than the line limit being one ``record_too_long`` bad record.
     """
-    fmt = detect_format(store, key)
-    if fmt == LINES:
+    fmt = sources.detect_format(store, key)
+    if fmt == sources.LINES:
         data = store.get(key)
         if check:
             check()
         return tokenize_file(data, uri, shard_key, encoder, id_prefix=id_prefix, check=check)
-    items = iter_records(store, key, fmt, max_record_bytes=encoder.limits.max_line_bytes)
-    return tokenize_items(items, uri, shard_key, encoder, id_prefix=id_prefix, unit=unit_of(fmt), check=check)
+    items = sources.iter_records(store, key, fmt, max_record_bytes=encoder.limits.max_line_bytes)
+    return tokenize_items(items, uri, shard_key, encoder, id_prefix=id_prefix, unit=sources.unit_of(fmt), check=check)
 
 
 def tokenize_file(data: bytes, uri: str, shard_key: str, encoder: SampleEncoder, *, id_prefix: str,
@@ -246,7 +242,7 @@ def tokenize_items(items: Iterator[tuple[int, object]], uri: str, shard_key: str
             bad(lineno, SampleError(LINE_TOO_LONG, f"line longer than the limit of {max_line} bytes"))
             continue
         stats.lines += 1
-        if isinstance(line, RecordError):
+        if isinstance(line, sources.RecordError):
             bad(lineno, SampleError(line.code, line.reason))
             continue
         if isinstance(line, bytes) and not line.strip():

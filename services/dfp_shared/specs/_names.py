@@ -11,7 +11,7 @@ import json
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 DEFAULT = "default"
 """The endpoint a spec gets when it names none: the worker's plain setting (e.g. DFLASH_TARGET_URL)."""
@@ -37,11 +37,17 @@ def endpoint_name(what: str):
 
 
 def refuse_removed(data: Any, removed: str, instead: str, why: str) -> Any:
-    """For a ``model_validator(mode="before")``: refuse the removed field ``removed``, saying what to use."""
+    """Refuse the removed field ``removed`` of a spec's raw ``data``, saying what to use instead."""
     if isinstance(data, dict) and removed in data:
         raise ValueError(f"{removed}: no longer accepted ({why}); name one the operator configured with "
                          f"{instead} instead (unset: 'default')")
     return data
+
+
+def removed_address(removed: str, instead: str, why: str):
+    """A spec's ``model_validator(mode="before")`` refusing the removed address field ``removed`` (see
+    :func:`refuse_removed`); assign it to a class attribute of the spec."""
+    return model_validator(mode="before")(classmethod(lambda cls, data: refuse_removed(data, removed, instead, why)))
 
 
 def load_name_map(text: str, what: str, value: str) -> dict[str, Any]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ._common import StorageUri
-from ._names import endpoint_name, refuse_removed
+from ._names import endpoint_name, removed_address
 
 OpenAIEndpointName = endpoint_name("OpenAI-compatible endpoint")
 
@@ -53,11 +53,8 @@ class GenerateSpec(BaseModel):
         600.0, gt=0, le=86400, description="Timeout of one HTTP request, seconds, at most a day (openai engine).")
     max_retries: int = Field(6, ge=0, le=100, description="Retries of a request after 429 / 5xx / timeouts (openai engine).")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_free_url(cls, data: Any) -> Any:
-        return refuse_removed(data, "openai_base_url", "openai_endpoint",
-                              "the workers send their credentials only to endpoints the operator configured")
+    _no_free_url = removed_address("openai_base_url", "openai_endpoint",
+                                   "the workers send their credentials only to endpoints the operator configured")
 
     @model_validator(mode="after")
     def _engine_needs(self) -> GenerateSpec:

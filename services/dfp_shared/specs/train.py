@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from ..tokenizer_assets import AUTO_MASK_TOKEN, MASK_TOKEN
 from ._common import StorageUri
-from ._names import endpoint_name, refuse_removed
+from ._names import endpoint_name, removed_address
 
 LayerType = Literal["full_attention", "sliding_attention"]
 """The draft layers' attention kinds: the one list of their names (others read it with ``typing.get_args``)."""
@@ -114,11 +114,8 @@ class TrainSpec(BaseModel):
     enable_thinking: bool = Field(True, description="Thinking mode the drafter serves in; must match the mode the "
                                                     "dataset was tokenized in (its manifest's `thinking`).")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_free_address(cls, data: Any) -> Any:
-        return refuse_removed(data, "target_url", "target_endpoint",
-                              "the trainers send a job's tokens only to targets the operator configured")
+    _no_free_address = removed_address("target_url", "target_endpoint",
+                                       "the trainers send a job's tokens only to targets the operator configured")
 
     @model_validator(mode="after")
     def _eval_every_needs_samples(self) -> TrainSpec:

@@ -6,9 +6,10 @@ file of its PyPI wheel, :mod:`dfp_dev.targets.smollm2`):
 1. prompts: ShareGPT V3's first user turns (its JSON array read by the project's streaming reader, the
    cut-off last record counted), deduplicated, ordered by a hash of their text; a held-out slice (one
    prompt in 20, by that hash) is never trained on; MT-Bench's 80 first turns for the evaluation;
-2. generation: the target answers the training prompts greedily (the generation service's transformers
-   engine; its tokens/s is reported, and with ``--vllm`` the OpenAI engine's against a real vLLM
-   serving the same target);
+2. generation: the target answers the training prompts greedily through the generation service, by
+   default with its OpenAI engine against the real vLLM serving the target (the users' fast path); both
+   engines (that one and the in-process transformers engine) answer the same first prompts, and their
+   tokens/s are reported side by side;
 3. tokenization (the tokenizer pool over a private Redis), with the target's own ChatML template;
 4. training for a fixed budget of steps (the trainer, target in process) with a recipe sized for CPUs;
 5. evaluation by the evaluate job's code: real greedy speculative decoding on MT-Bench and on the
@@ -215,8 +216,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128, help="Tokens per training completion.")
     ap.add_argument("--eval-new-tokens", type=int, default=64, help="Tokens per evaluated prompt.")
     ap.add_argument("--steps", type=int, default=400, help="Drafter optimiser steps (the fixed training budget).")
-    ap.add_argument("--vllm", action="store_true", help="Also serve the drafter with the real vLLM, and generate "
-                                                         "with the OpenAI engine against it.")
+    ap.add_argument("--engine", choices=("openai", "transformers"), default="openai",
+                    help="Engine answering the training prompts: the OpenAI engine against the real vLLM serving the "
+                         "target (fast), or the transformers engine in process.")
+    ap.add_argument("--engine-sample", type=int, default=24, help="Prompts both engines answer, for their tokens/s.")
+    ap.add_argument("--vllm", action="store_true", help="Also serve the trained drafter with the real vLLM on "
+                                                         "MT-Bench prompts (acceptance beside the project's).")
     ap.add_argument("--served-prompts", type=int, default=16, help="MT-Bench prompts the real vLLM serves.")
     ap.add_argument("--levers", action="store_true", help="Also train and evaluate one drafter per recipe lever.")
     ap.add_argument("--only", default=None, help=f"Comma-separated levers (of {', '.join(LEVERS)}); implies --levers.")
@@ -239,9 +244,16 @@ def main() -> None:
     stages.times["prompts"] = round(time.perf_counter() - began, 1)
     train_records = read_records(prompts["train"])
 
-    gen_key = digest(model.name, train_records, args.max_new_tokens)
-    completions = stages.run("generate", gen_key, lambda out: generate(model, prompts["train"], args.max_new_tokens, out))
-    engine = json.loads((completions / "throughput.json").read_text())
+    gen_key = digest(model.name, train_records, args.max_new_tokens, args.engine)
+    # both engines answer the same first prompts, for their tokens/s side by side
+    sample = train_records[: args.engine_sample]
+    write_prompts(work / "prompts" / "engine-sample.jsonl", sample)
+    sample_key = digest(model.name, sample, args.max_new_tokens)
+    throughput = {name: json.loads((stages.run(f"generate-{name}", sample_key, lambda out, fn=fn: fn(
+        model, work / "prompts" / "engine-sample.jsonl", args.max_new_tokens, out)) / "throughput.json").read_text())
+        for name, fn in (("transformers", generate), ("openai", vllm_generation))}
+    fn = vllm_generation if args.engine == "openai" else generate
+    completions = stages.run("generate", gen_key, lambda out: fn(model, prompts["train"], args.max_new_tokens, out))
     dataset = stages.run("tokenize", digest(gen_key), lambda out: tokenize(model, completions, out))
     ctx = {"model": model, "dataset": dataset, "dataset_key": digest(gen_key, "tokens"), "steps": args.steps,
            "mtbench": prompts["mtbench"], "heldout": prompts["heldout"], "eval_prompts": args.eval_prompts,
@@ -257,10 +269,6 @@ def main() -> None:
 
     extra = {}
     if args.vllm:
-        n_gen = min(64, len(train_records))
-        write_prompts(work / "prompts" / "vllm-gen.jsonl", train_records[:n_gen])
-        openai = json.loads((stages.run("generate-vllm", digest(gen_key, n_gen), lambda out: vllm_generation(
-            model, work / "prompts" / "vllm-gen.jsonl", args.max_new_tokens, out)) / "throughput.json").read_text())
         check = stages.run("serve", digest(base["run"].name, args.served_prompts, args.eval_new_tokens),
                            lambda out: served(model, base["run"] / "drafter", prompts["mtbench"],
                                               args.served_prompts, args.eval_new_tokens, out))
@@ -268,7 +276,7 @@ def main() -> None:
         extra = {"tau_vllm_mtbench": round(result["vllm"]["acceptance_length"], 3),
                  "project_whole_blocks_mtbench": round(result["project_whole_blocks"]["acceptance_length"], 3),
                  "served_outputs_equal": result["outputs_equal"], "served_acceptance_equal": result["acceptance_equal"],
-                 "served_prompts": args.served_prompts, "openai_engine_tokens_per_s": openai["tokens_per_s"]}
+                 "served_prompts": args.served_prompts}
 
     print(f"\nMT-Bench: {args.eval_prompts} first turns, held-out ShareGPT: {args.heldout_prompts}; "
           f"{args.eval_new_tokens} new tokens each; drafter: {args.steps} steps on {len(train_records)} completions")
@@ -276,9 +284,10 @@ def main() -> None:
     for name, f in {"base": base, **levers}.items():
         print(f"{name:>16}  {f['tau_mtbench']:8.2f}  {f['tau_ngram_mtbench']:6.2f}  {f['tau_heldout']:8.2f}  "
               f"{f['tau_ngram_heldout']:6.2f}  {f['position_acceptance_mtbench']}")
-    print(f"untrained DFlash on MT-Bench: {base['tau_untrained']:.2f}; transformers engine "
-          f"{engine['tokens_per_s']} tokens/s" + (f", OpenAI engine on vLLM {extra['openai_engine_tokens_per_s']} "
-                                                   f"tokens/s; vLLM served τ {extra['tau_vllm_mtbench']}" if extra else ""))
+    print(f"untrained DFlash on MT-Bench: {base['tau_untrained']:.2f}; generation of {len(sample)} prompts: "
+          f"transformers engine {throughput['transformers']['tokens_per_s']} tokens/s, OpenAI engine on the real "
+          f"vLLM {throughput['openai']['tokens_per_s']} tokens/s"
+          + (f"; vLLM served τ {extra['tau_vllm_mtbench']}" if extra else ""))
     print(f"stage wall times (s): {stages.times}")
     report("quality_real", "tokens/step", base["tau_mtbench"], base["tau_ngram_mtbench"], float(base["block_size"]),
            tau_mtbench=round(base["tau_mtbench"], 3), tau_ngram_mtbench=round(base["tau_ngram_mtbench"], 3),
@@ -286,7 +295,9 @@ def main() -> None:
            tau_untrained=round(base["tau_untrained"], 3), tau_vllm_count_mtbench=round(base["tau_vllm_count_mtbench"], 3),
            position_acceptance=base["position_acceptance_mtbench"],
            ngram_position_acceptance=base["ngram_position_acceptance_mtbench"], outputs_equal=base["outputs_equal"],
-           transformers_engine_tokens_per_s=engine["tokens_per_s"], sharegpt_unreadable=prompts["sharegpt_errors"],
+           transformers_engine_tokens_per_s=throughput["transformers"]["tokens_per_s"],
+           openai_engine_vllm_tokens_per_s=throughput["openai"]["tokens_per_s"], generation_engine=args.engine,
+           sharegpt_unreadable=prompts["sharegpt_errors"],
            target=model.name, steps=args.steps, train_prompts=len(train_records), recipe=BASE_RECIPE,
            stage_seconds=stages.times, **extra,
            levers={n: {k: f[k] for k in ("tau_mtbench", "tau_ngram_mtbench", "tau_heldout", "position_acceptance_mtbench")}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from .specs import EvaluateSpec, GenerateSpec, PipelineSpec, TokenizeSpec, TrainSpec
+from .specs import CacheSpec, EvaluateSpec, GenerateSpec, PipelineSpec, TokenizeSpec, TrainSpec
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,10 @@ PIPELINE = JobType("pipeline", PipelineSpec, "stages", None)
 # evaluate jobs run on the trainer workers (they hold the target and drafter code)
 EVALUATE = JobType("evaluate", EvaluateSpec, "prompts", TRAIN.stream)
 
-JOB_TYPES: dict[str, JobType] = {t.name: t for t in (GENERATE, TOKENIZE, TRAIN, PIPELINE, EVALUATE)}
+# cache jobs fill a hidden-state cache offline, on the trainer workers too (they hold the target's source)
+CACHE = JobType("cache", CacheSpec, "shards", TRAIN.stream)
+
+JOB_TYPES: dict[str, JobType] = {t.name: t for t in (GENERATE, TOKENIZE, TRAIN, PIPELINE, EVALUATE, CACHE)}
 
 
 def job_type(name: str) -> JobType:

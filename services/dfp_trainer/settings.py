@@ -23,6 +23,11 @@ class TrainerSettings(CommonSettings):
     nproc_per_node: int = Field(1, ge=1, description="Training processes per pod; >1 spawns torchrun children.")
     fetch_inflight: int = Field(4, ge=1, description="Hidden-state requests kept in flight per rank.")
     prefetch_batches: int = Field(4, ge=1, description="Capacity of each input-pipeline queue (micro-batches).")
+    cache_quota_gb: float = Field(1024.0, gt=0, description="Largest hidden-state cache a job may fill (GB, 10^9 "
+                                                              "bytes): a cache estimated above it (tokens x layers x "
+                                                              "hidden x dtype size) is refused before it starts.")
+    cache_shard_mb: float = Field(256.0, gt=0, description="Largest shard of a new hidden-state cache (MB of features; "
+                                                           "a token shard is cut into parts of at most this size).")
     lease_ms: int = Field(120_000, ge=1000, description="Lease of a claimed train task (ms); heartbeats renew it.")
     max_deliveries: int = Field(5, ge=1, description="Deliveries of a train task before it is dead-lettered.")
     progress_every_s: float = Field(2.0, gt=0, description="Seconds between progress updates in the job record.")

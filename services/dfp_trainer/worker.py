@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from dfp_shared.job_flow import finish_job
-from dfp_shared.job_types import EVALUATE, TRAIN
+from dfp_shared.job_types import CACHE, EVALUATE, TRAIN
 from dfp_shared.jobs import JobState
 from dfp_shared.ownership import OutputClaims
 from dfp_shared.queue import Task
@@ -34,6 +34,7 @@ from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.worker import JobHandler, TaskCancelled, TaskContext, TaskReleased
 from redis.exceptions import RedisError
 
+from .cache_job import CacheHandler
 from .evaluate.handler import EvaluateHandler
 from .group import GroupRuns, TrainLease, rendezvous_args
 from .loop.data import DataError
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 class TrainHandler(JobHandler):
     """``handler(task, ctx)`` of the shared worker loop for the ``train`` stream (whose ``evaluate`` jobs
-    go to :class:`~.evaluate_worker.EvaluateHandler`)."""
+    go to :class:`~.evaluate.handler.EvaluateHandler`, and ``cache`` jobs to :class:`~.cache_job.CacheHandler`)."""
 
     def __init__(self, settings: TrainerSettings, redis_client):
         self.settings = settings
@@ -54,10 +55,24 @@ class TrainHandler(JobHandler):
         self.roots = StorageRoots.from_settings(settings)
         self.claims = OutputClaims(self.roots, settings.s3_endpoint_url)
         self.evaluate = EvaluateHandler(settings, redis_client)
+        self.cache = CacheHandler(settings, redis_client)
+
+    def admit(self, task: Task, ctx: TaskContext) -> bool:
+        """As every job task; a train job's hidden-state cache is claimed for its owner too, like an output."""
+        if not super().admit(task, ctx):
+            return False
+        cache = getattr(ctx.spec, "hidden_state_cache", None)
+        if ctx.job_type is TRAIN and cache is not None:
+            self.claims.claim(cache, ctx.job.owner, task.job_id, field="spec.hidden_state_cache",
+                              parent_id=ctx.job.parent_id)
+        return True
 
     def handle(self, task: Task, ctx: TaskContext) -> None:
         if ctx.job_type is EVALUATE:
             self.evaluate(task, ctx)
+            return
+        if ctx.job_type is CACHE:
+            self.cache(task, ctx)
             return
         spec: TrainSpec = ctx.spec
         lease = TrainLease(self.r, task.job_id, self._owner(), self.settings.lease_ms)

@@ -1,10 +1,12 @@
-"""Hidden states of a frozen target model: the contract, its two sources, and the target service's wire.
+"""Hidden states of a frozen target model: the contract, its sources (and their cache), and the target service's wire.
 
 The trainer asks a :class:`HiddenStateSource` (``open_hidden_state_source``: the in-process
 target or a client of the target service); the target service runs :func:`forward_batch` behind
 the same wire. Tests may import the submodules; services import from here.
 """
 
+from .cache import CacheError, CacheKey, CacheMismatch, HiddenStateCache, dataset_checksum, estimate_bytes
+from .cached_source import CachedSource, fill_shards
 from .client import TargetClient, open_hidden_state_source
 from .contract import (
     HiddenStateSource,
@@ -27,6 +29,9 @@ __all__ = [
     # the contract and its sources
     "HiddenStateSource", "InProcessTarget", "InvalidInput", "ModelInfo", "SourceUnavailable", "TargetClient",
     "open_hidden_state_source", "resolve_layers", "validate_sequences",
+    # the hidden-state cache
+    "CacheError", "CacheKey", "CacheMismatch", "CachedSource", "HiddenStateCache", "dataset_checksum",
+    "estimate_bytes", "fill_shards",
     # the forward pass, batching and the model's description
     "build_model_info", "forward_batch", "pad_batch", "padded_batches", "plan_batches", "plan_requests",
     # the target service's side of the wire

@@ -5,10 +5,11 @@ Each service owns its spec module here; :mod:`dfp_shared.job_types` says which m
 
 from __future__ import annotations
 
+from .cache import CacheSpec
 from .evaluate import EvaluateSpec
 from .generate import GenerateSpec
 from .pipeline import PipelineSpec
 from .tokenize import TokenizeSpec
 from .train import TrainSpec
 
-__all__ = ["EvaluateSpec", "GenerateSpec", "TokenizeSpec", "TrainSpec", "PipelineSpec"]
+__all__ = ["CacheSpec", "EvaluateSpec", "GenerateSpec", "TokenizeSpec", "TrainSpec", "PipelineSpec"]

@@ -19,6 +19,9 @@ LossKind = Literal["decay", "dpace"]
 """Position weightings of the block cross-entropy: fixed exp(-(k-1)/gamma) decay, or D-PACE (the trainer's objective)."""
 TargetEndpointName = endpoint_name("hidden-state target")
 LayerId = Annotated[int, Field(ge=0, le=1023)]
+HiddenStatesMode = Literal["online", "cache", "offline"]
+"""Where a run's target features come from: the target at every step, a cache the run completes first, or
+a cache an offline job filled (no target at all)."""
 
 # Bounds: far beyond any real run, near enough that no value can make a worker allocate, loop or
 # overflow without end. MAX_STEPS keeps checkpoint directories at eight digits (step-NNNNNNNN).
@@ -96,6 +99,15 @@ class TrainSpec(BaseModel):
         None, description="Name of a hidden-state source the operator configured on the trainers "
                           "(DFLASH_TARGET_ENDPOINTS; `default` is DFLASH_TARGET_URL); unset: `default`. A name, never "
                           "an address: a job's tokens go only to configured targets.")
+    hidden_states: HiddenStatesMode = Field(
+        "online", description="Where the target's hidden states come from: `online`, computed by the target at "
+                              "every step; `cache`, read from `hidden_state_cache`, whose missing shards the run "
+                              "computes first with the target and keeps for the next epoch and the next run; "
+                              "`offline`, read from a cache a `cache` job filled (no target is used).")
+    hidden_state_cache: StorageUri | None = Field(
+        None, description="Prefix of the hidden-state cache (`cache` and `offline`): keyed by the target, the layer "
+                          "ids, the dataset and the dtype; a cache built for others is refused. It must be new or "
+                          "created by the same principal.")
     eval_prompts: int = Field(8, ge=0, le=100_000, description="Held-out samples (not trained on): their prompts measure acceptance "
                                                    "length τ, and the samples held-out loss and accuracy, trained vs "
                                                    "untrained drafter (0: skip; at most 100000).")
@@ -121,6 +133,15 @@ class TrainSpec(BaseModel):
     def _eval_every_needs_samples(self) -> TrainSpec:
         if self.eval_every is not None and not self.eval_prompts:
             raise ValueError("eval_every needs held-out samples: set eval_prompts > 0")
+        return self
+
+    @model_validator(mode="after")
+    def _cache_where_needed(self) -> TrainSpec:
+        if self.hidden_states != "online" and self.hidden_state_cache is None:
+            raise ValueError(f"hidden_states {self.hidden_states!r} needs hidden_state_cache: the prefix of the cache")
+        if self.hidden_states == "online" and self.hidden_state_cache is not None:
+            raise ValueError("hidden_state_cache is set but hidden_states is 'online': choose 'cache' or 'offline' "
+                             "to use it, or leave it unset")
         return self
 
     @model_validator(mode="after")

@@ -78,13 +78,20 @@ def collate(ds: TokenDataset, indices: torch.Tensor, max_length: int, pin: bool 
 
 
 async def fetch_hidden(source, sequences: list[torch.Tensor], layer_ids: list[int],
-                       max_tokens_per_request: int | None = None, pin: bool = False) -> torch.Tensor:
+                       max_tokens_per_request: int | None = None, pin: bool = False,
+                       index: torch.Tensor | None = None) -> torch.Tensor:
     """Hidden states of the sequences as one padded ``(B, T, K*H)`` tensor (zeros past each length).
 
-    Sequences are sent in requests of at most ``max_tokens_per_request`` tokens, all concurrently.
+    Sequences are sent in requests of at most ``max_tokens_per_request`` tokens, all concurrently; a source
+    that serves dataset samples (a hidden-state cache's ``sample_states``) is asked by the samples' ``index``.
     """
-    groups = plan_requests([int(s.numel()) for s in sequences], max_tokens_per_request)
-    results = await asyncio.gather(*(source.hidden_states([sequences[i] for i in g], layer_ids) for g in groups))
+    by_sample = index is not None and hasattr(source, "sample_states")
+    groups = plan_requests([int(s.numel()) for s in sequences], None if by_sample else max_tokens_per_request)
+    if by_sample:
+        results = [await source.sample_states([int(i) for i in index.tolist()], sequences, layer_ids)]
+    else:
+        results = await asyncio.gather(*(source.hidden_states([sequences[i] for i in g], layer_ids)
+                                         for g in groups))
     flat: list[torch.Tensor] = [None] * len(sequences)  # type: ignore[list-item]
     for g, res in zip(groups, results, strict=True):
         if len(res) != len(g):

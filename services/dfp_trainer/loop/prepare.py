@@ -4,11 +4,12 @@ source, failing with a clear :class:`TrainError` before any step runs."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from dfp_shared.hidden_states import open_hidden_state_source
+from dfp_shared.hidden_states import CacheError, open_hidden_state_source
 from dfp_shared.models import local_model_dir, model_fingerprint
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.tokenizer_assets import (
@@ -23,6 +24,7 @@ from ..drafter.target_parts import load_target_parts
 from ..run_config import RunConfig
 from .data import load_training_data, trainable_samples
 from .distributed import DistInfo
+from .hidden_cache import cached_source
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +52,13 @@ class Setup:
         return self.config.spec
 
 
-def prepare(config: RunConfig, info: DistInfo, source=None) -> Setup:
-    """Load and check the run's inputs; every problem raises :class:`TrainError` before training."""
+def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callable[[dict], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> Setup:
+    """Load and check the run's inputs; every problem raises :class:`TrainError` before training.
+
+    With ``hidden_states`` ``cache`` or ``offline`` the source is the cache (:mod:`.hidden_cache`), completed
+    here for ``cache``; ``counters`` gets its counts (cached and missing shards, bytes) for the job record,
+    and ``should_stop`` can end its filling between shards."""
     spec, endpoint_url = config.spec, config.settings.s3_endpoint_url
     try:
         model_dir = local_model_dir(spec.target, endpoint_url=endpoint_url)
@@ -93,13 +100,45 @@ def prepare(config: RunConfig, info: DistInfo, source=None) -> Setup:
     perm = pool[torch.randperm(pool.numel(), generator=torch.Generator().manual_seed(spec.seed))]
     eval_index, train_pool = perm[:n_eval].sort().values, perm[n_eval:].sort().values
 
-    if source is None:
+    offline = spec.hidden_states == "offline"
+    opened = source is None and not offline
+    if offline:
+        source = None  # no target at all: every feature comes from the cache
+    elif source is None:
         source = open_source(config.target_address, model_dir, info)
     layer_ids = list(drafter_config.target_layer_ids)
+    max_tokens = None
+    if source is not None:
+        check_source(source, spec, model_dir, num_layers, drafter_config.hidden_size, layer_ids)
+        max_tokens = int(getattr(source.model_info(), "max_tokens_per_request", 0) or 0) or None
+    if spec.hidden_states != "online":
+        try:
+            source = cached_source(config, info, dataset, online=source, target_fingerprint=model_fingerprint(model_dir),
+                                   layer_ids=layer_ids, hidden_size=drafter_config.hidden_size, num_layers=num_layers,
+                                   max_tokens_per_request=max_tokens, counters=counters, should_stop=should_stop)
+        except CacheError as exc:
+            if opened:
+                _close(source)
+            raise TrainError(str(exc)) from None
+    return Setup(config, model_dir, tokenizer, dataset, drafter, initial, source, layer_ids, eval_index, train_pool,
+                 max_tokens)
+
+
+def _close(source) -> None:
+    import asyncio
+
+    try:
+        asyncio.run(source.close())
+    except Exception as exc:  # noqa: BLE001 - the refusal is what the caller must see
+        log.warning("closing the hidden-state source failed", extra={"error": str(exc)})
+
+
+def check_source(source, spec: TrainSpec, model_dir, num_layers: int, hidden_size: int, layer_ids: list[int]) -> None:
+    """The hidden-state source must serve the run's target (shape, fingerprint) and the drafter's layers."""
     minfo = source.model_info()
-    if int(minfo.num_layers) != num_layers or int(minfo.hidden_size) != drafter_config.hidden_size:
+    if int(minfo.num_layers) != num_layers or int(minfo.hidden_size) != hidden_size:
         raise TrainError(f"hidden-state source serves a model with {minfo.num_layers} layers x {minfo.hidden_size} "
-                         f"hidden, but the target {spec.target} has {num_layers} x {drafter_config.hidden_size}")
+                         f"hidden, but the target {spec.target} has {num_layers} x {hidden_size}")
     served_fp = getattr(minfo, "fingerprint", "") or ""
     if served_fp and served_fp != model_fingerprint(model_dir):
         raise TrainError(f"the hidden-state source serves model {getattr(minfo, 'model_id', '?')!r} with fingerprint "
@@ -109,8 +148,6 @@ def prepare(config: RunConfig, info: DistInfo, source=None) -> Setup:
     served = list(getattr(minfo, "layer_ids", None) or [])
     if served and not set(layer_ids) <= set(served):
         raise TrainError(f"hidden-state source serves layers {served}; the drafter needs {layer_ids}")
-    return Setup(config, model_dir, tokenizer, dataset, drafter, initial, source, layer_ids, eval_index, train_pool,
-                 int(getattr(minfo, "max_tokens_per_request", 0) or 0) or None)
 
 
 def check_thinking_mode(dataset, spec: TrainSpec) -> None:

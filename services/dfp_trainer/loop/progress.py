@@ -41,6 +41,10 @@ def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event |
         if "loss" in row:
             jobs.emit(job_id, "progress", {k: v for k, v in row.items() if k != "per_position_accuracy"})
 
+    def counters(values: dict) -> None:
+        if jobs is not None:
+            jobs.set_counters(job_id, **values)
+
     def metrics(point: dict) -> None:
         if jobs is None:
             return
@@ -56,4 +60,4 @@ def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event |
             return True
         return bool(jobs is not None and jobs.is_cancelled(job_id))
 
-    return Hooks(progress=progress, metrics=metrics, should_stop=should_stop)
+    return Hooks(progress=progress, counters=counters, metrics=metrics, should_stop=should_stop)

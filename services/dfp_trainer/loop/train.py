@@ -34,6 +34,7 @@ class Hooks:
     """Callbacks of a run: progress and metric points to the job record, and a stop request (SIGTERM or cancel)."""
 
     progress: Callable[[dict], None] | None = None
+    counters: Callable[[dict], None] | None = None  # figures for the job record only (the hidden-state cache's)
     metrics: Callable[[dict], None] | None = None
     should_stop: Callable[[], bool] | None = None
 
@@ -63,14 +64,15 @@ class Training:
               setup: Setup | None = None) -> Training:
         """Check the run's inputs (unless ``setup`` is given) and build its state, resumed when it can be."""
         owns_source = source is None and setup is None
-        s = setup or prepare(config, info, source)
+        hooks = hooks or Hooks()
+        s = setup or prepare(config, info, source, counters=hooks.counters, should_stop=hooks.should_stop)
         try:
             state = TrainState.build(config, info, s)
         except BaseException:
             if owns_source:
                 close_source(s.source)
             raise
-        return cls(config, info, hooks or Hooks(), s, state, owns_source)
+        return cls(config, info, hooks, s, state, owns_source)
 
     def __enter__(self) -> Training:
         return self

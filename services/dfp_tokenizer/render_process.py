@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import io
+import mmap
 import os
 import pickle
 import subprocess
@@ -30,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from multiprocessing import Pipe
+
+from .render_child import CHUNK_CHARS, PROGRESS
 
 CHILD_MODULE = "dfp_tokenizer.render_child"
 """The module run as the render process (``python -m``)."""
@@ -80,7 +83,8 @@ class RenderConfig:
 
 
 def max_answer_bytes(max_chars: int) -> int:
-    """The longest answer: a rendered text (UTF-8, at most 4 bytes a character) and its spans."""
+    """The longest answer: a rendered text (UTF-8, at most 4 bytes a character) and its spans (a chunk of
+    answers holds at most one past :data:`~.render_child.CHUNK_CHARS` characters)."""
     return 4 * max_chars + 2**20
 
 
@@ -90,15 +94,20 @@ class RenderChild:
     def __init__(self, memory_bytes: int):
         self.memory_bytes = memory_bytes
         ours, theirs = Pipe(duplex=True)
+        progress_fd = os.memfd_create("render-progress")
+        os.ftruncate(progress_fd, PROGRESS.size)
+        self.progress = mmap.mmap(progress_fd, PROGRESS.size)
+        PROGRESS.pack_into(self.progress, 0, -1, 0.0)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         env.setdefault("MALLOC_ARENA_MAX", "2")  # per-thread arenas reserve address space the limit counts
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", CHILD_MODULE, str(theirs.fileno()), str(memory_bytes)],
-                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+                [sys.executable, "-m", CHILD_MODULE, str(theirs.fileno()), str(memory_bytes), str(progress_fd)],
+                pass_fds=(theirs.fileno(), progress_fd), env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             theirs.close()
+            os.close(progress_fd)
         self.conn = ours
         self.built: set[str] = set()
         try:
@@ -137,6 +146,30 @@ class RenderChild:
             if now >= deadline:
                 raise _Late()
 
+    def in_hand(self) -> tuple[int, float]:
+        """(index of the record the render process is rendering, -1 if none; when it started, monotonic)."""
+        while True:
+            index, started = PROGRESS.unpack_from(self.progress, 0)
+            if PROGRESS.unpack_from(self.progress, 0)[0] == index:
+                return index, started
+
+    def answers(self, seconds: float, check: Callable[[], None] | None, max_bytes: int):
+        """The next chunk of answers; raises :class:`_Late` (with the index of the record in hand) once one
+        record has been rendering for ``seconds``, or :class:`_Gone`."""
+        while True:
+            index, started = self.in_hand()
+            wait = CHECK_S if index < 0 else min(CHECK_S, max(0.0, started + seconds - time.monotonic()))
+            try:
+                if self.conn.poll(wait):
+                    return _plain_loads(self.conn.recv_bytes(max_bytes))
+            except (EOFError, OSError, pickle.UnpicklingError):
+                raise _Gone() from None
+            if check is not None:
+                check()
+            index, started = self.in_hand()
+            if index >= 0 and time.monotonic() - started >= seconds:
+                raise _Late(index)
+
     def kill(self) -> None:
         try:
             self.proc.kill()
@@ -147,6 +180,7 @@ class RenderChild:
         except subprocess.TimeoutExpired:  # pragma: no cover - stuck in the kernel: reaped later
             pass
         self.conn.close()
+        self.progress.close()
 
     def exit_reason(self) -> str:
         try:
@@ -258,29 +292,41 @@ def render(config: RenderConfig, items: list[tuple[list, list | None]],
     that does not start."""
     from .records import TEMPLATE_BUDGET
 
-    out: list[tuple] = []
-    max_bytes = max_answer_bytes(config.max_chars)
-    while len(out) < len(items):
+    out: list[tuple | None] = [None] * len(items)
+    todo = list(range(len(items)))
+    max_bytes = max_answer_bytes(config.max_chars) + 8 * CHUNK_CHARS
+    while todo:
         child = POOL.acquire(config.memory_bytes)
         keep = False
         try:
             child.build(config, check)
-            child.send(("render", config.key, items[len(out):], config.seconds, config.memory_bytes))
-            while len(out) < len(items):
-                out.append(child.receive(config.seconds + GRACE_S, check, max_bytes))
-            keep = not child.receive(config.seconds + GRACE_S, check, 2**10)[1]
-        except _Late:
-            if len(out) < len(items):
-                out.append(("bad", TEMPLATE_BUDGET, f"chat template ran past its time budget of {config.seconds:g} s "
-                                                     "(stopped in one call; the render process was killed)"))
+            child.send(("render", config.key, [(i, *items[i]) for i in todo], config.seconds, config.memory_bytes))
+            while True:
+                chunk, done, stale = child.answers(config.seconds + GRACE_S, check, max_bytes)
+                for i, answer in chunk:
+                    out[i] = answer
+                if done:
+                    break
+            keep = not stale
+        except _Late as late:
+            (index,) = late.args
+            out[index] = ("bad", TEMPLATE_BUDGET, f"chat template ran past its time budget of {config.seconds:g} s "
+                                                   "(stopped in one call; the render process was killed)")
         except _Gone:
-            if len(out) < len(items):
-                out.append(("bad", TEMPLATE_BUDGET, f"chat template stopped the render process "
-                                                     f"({child.exit_reason()}; memory budget "
-                                                     f"{config.memory_bytes / 2**20:g} MiB)"))
+            index, _ = child.in_hand()
+            if index >= 0 and out[index] is None:
+                out[index] = ("bad", TEMPLATE_BUDGET, f"chat template stopped the render process "
+                                                       f"({child.exit_reason()}; memory budget "
+                                                       f"{config.memory_bytes / 2**20:g} MiB)")
+            elif not any(out[i] is None for i in todo):
+                pass
+            else:  # gone between records: the first one not answered takes the blame, never a loop
+                first = next(i for i in todo if out[i] is None)
+                out[first] = ("bad", TEMPLATE_BUDGET, f"the render process stopped ({child.exit_reason()})")
         finally:
             if keep:
                 POOL.release(child)
             else:
                 POOL.discard(child)
+        todo = [i for i in todo if out[i] is None]
     return out

@@ -6,26 +6,29 @@ call of the Rust tokenizer (no special tokens added: the template prints them), 
 character spans into a token mask with ``char_to_token`` at the span ends. A token is trained if
 any character of it is in a trained span.
 
-Each record's rendering runs under the operator's budget (:mod:`dfp_shared.chat_template.budget`):
-over it, the record is a bad line (``template_budget``). A batch the tokenizer refuses as a whole is
+Records are rendered in batches in a render process (:mod:`.render_process`), each under the
+operator's budget: over it (its watchdog's time or memory, its address space limit, or one call that
+does not return and gets the process killed), the record is a bad line (``template_budget``). A batch the tokenizer refuses as a whole is
 tokenized again one record at a time, so that only the record it refuses is lost.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from types import SimpleNamespace
 
 import numpy as np
-from dfp_shared.chat_template.budget import BudgetExceeded, run_within
+from dfp_shared.chat_template.budget import run_within
 from dfp_shared.specs.tokenize import TokenizeSpec
 from dfp_shared.tokenizer_assets import chat_template_fingerprint, tokenizer_fingerprint
-from jinja2 import TemplateError
 
 from . import records as R
+from . import render_process
 from .limits import EncodeLimits, TemplateUnavailable
 from .records import Sample, SampleError
-from .template_spans import TemplateLocator
+from .render_process import RenderConfig, RenderRefused
+from .template_spans import TemplateLocator, TurnSpan
 
 
 @dataclass
@@ -58,36 +61,58 @@ class SampleEncoder:
             template = template.get("default") or next(iter(template.values()))
         specials = [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]
         origin = "the job's chat_template" if spec.chat_template else "the tokenizer's chat template"
+        self.render_config = RenderConfig(
+            dict(template=template or "", special_tokens=dict(tokenizer.special_tokens_map),
+                 special_token_texts=specials, thinking=spec.thinking, template_kwargs=spec.template_kwargs,
+                 max_chars=self.limits.max_rendered_chars),
+            seconds=self.limits.template_timeout_s, memory_bytes=self.limits.template_memory_bytes,
+            max_chars=self.limits.max_rendered_chars)
         try:
-            self.locator = self._within_budget(
-                TemplateLocator, template or "", dict(tokenizer.special_tokens_map), specials,
-                thinking=spec.thinking, template_kwargs=spec.template_kwargs,
-                max_chars=self.limits.max_rendered_chars)
-        except TemplateError as exc:
-            raise TemplateUnavailable(f"{origin} does not compile: {R.short_detail(str(exc))}") from None
-        except BudgetExceeded as exc:
-            raise TemplateUnavailable(f"{origin} is over its render budget on a probe conversation: {exc} "
-                                      f"(chat_template budget: {self.limits.template_timeout_s:g} s, "
-                                      f"{self.limits.template_memory_bytes // 2**20} MiB)") from None
+            render_process.build(self.render_config)
+        except RenderRefused as exc:
+            if exc.kind == "compile":
+                raise TemplateUnavailable(f"{origin} does not compile: {exc.detail}") from None
+            if exc.kind == "budget":
+                raise TemplateUnavailable(f"{origin} is over its render budget on a probe conversation: {exc.detail} "
+                                          f"(chat_template budget: {self.limits.template_timeout_s:g} s, "
+                                          f"{self.limits.template_memory_bytes // 2**20} MiB)") from None
+            raise ValueError(exc.detail) from None
         self.tokenizer_fingerprint = tokenizer_fingerprint(tokenizer)
         self.chat_template_fingerprint = chat_template_fingerprint(SimpleNamespace(chat_template=template))
 
-    def _within_budget(self, fn, *args, check=None, **kwargs):
-        return run_within(lambda: fn(*args, **kwargs), seconds=self.limits.template_timeout_s,
-                          memory_bytes=self.limits.template_memory_bytes, check=check)
+    @cached_property
+    def locator(self) -> TemplateLocator:
+        """The template's locator in this process, for inspection (records render in a render process)."""
+        return run_within(lambda: TemplateLocator(**self.render_config.locator_args),
+                          seconds=self.limits.template_timeout_s, memory_bytes=self.limits.template_memory_bytes)
 
     def prepare(self, sample: Sample, check=None) -> Prepared:
-        """Render and locate within the budget; raises :class:`SampleError` (template errors, over
-        budget, nothing to train), or what ``check`` raised if it stopped the render."""
-        try:
-            text, turns = self._within_budget(self.locator.locate, sample.messages, sample.tools, check=check)
-        except BudgetExceeded as exc:
-            raise SampleError(R.TEMPLATE_BUDGET, f"chat template {exc}", sample.id) from None
-        except SampleError as exc:
-            exc.sample_id = exc.sample_id or sample.id
-            raise
-        except (RecursionError, MemoryError) as exc:
-            raise SampleError(R.TEMPLATE_ERROR, f"chat template failed: {type(exc).__name__}", sample.id) from None
+        """:meth:`prepare_many` of one sample; raises its :class:`SampleError`."""
+        res = self.prepare_many([sample], check)[0]
+        if isinstance(res, SampleError):
+            raise res
+        return res
+
+    def prepare_many(self, samples: list[Sample], check=None) -> list[Prepared | SampleError]:
+        """Render and locate each sample within the budget, in a render process that is killed when one
+        overruns (:mod:`.render_process`): a :class:`Prepared` or a :class:`SampleError` (template
+        errors, over budget, nothing to train) per sample; what ``check`` raises, if it stopped them,
+        propagates."""
+        if not samples:
+            return []
+        answers = render_process.render(self.render_config, [(s.messages, s.tools) for s in samples], check)
+        out: list[Prepared | SampleError] = []
+        for sample, answer in zip(samples, answers):
+            if answer[0] == "bad":
+                out.append(SampleError(answer[1], answer[2], sample.id))
+                continue
+            try:
+                out.append(self._spans(sample, answer[1], [TurnSpan(*t) for t in answer[2]]))
+            except SampleError as exc:
+                out.append(exc)
+        return out
+
+    def _spans(self, sample: Sample, text: str, turns: list[TurnSpan]) -> Prepared:
         if self.spec.train_turns == "last":
             last = max((i for i, m in enumerate(sample.messages) if m["role"] == "assistant"), default=None)
             turns = [t for t in turns if t.message_index == last]

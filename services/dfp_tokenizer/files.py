@@ -33,7 +33,7 @@ from .records import (
     DUPLICATE_ID,
     LINE_TOO_LONG,
     MALFORMED_JSON,
-    TEMPLATE_ERROR,
+    Sample,
     SampleError,
     parse_line,
     parse_record,
@@ -193,6 +193,8 @@ def tokenize_items(items: Iterator[tuple[int, object]], uri: str, shard_key: str
     batch: list[Prepared] = []
     batch_lines: list[int] = []
     batch_chars = 0
+    pending: list[tuple[int, Sample]] = []  # parsed, to be rendered together in the render process
+    pending_chars = 0
 
     seen_ids: set[str] = set()
 
@@ -212,6 +214,20 @@ def tokenize_items(items: Iterator[tuple[int, object]], uri: str, shard_key: str
             raise dup
         stats.duplicate_ids += 1
         bad(lineno, dup, kept=True)
+
+    def render() -> None:
+        nonlocal pending_chars, batch_chars
+        for (lineno, _), res in zip(pending, encoder.prepare_many([s for _, s in pending], check=check)):
+            if isinstance(res, SampleError):
+                bad(lineno, res)
+                continue
+            batch.append(res)
+            batch_lines.append(lineno)
+            batch_chars += len(res.text)
+            if batch_chars >= max_chars:
+                flush()
+        pending.clear()
+        pending_chars = 0
 
     def flush() -> None:
         nonlocal batch_chars
@@ -248,30 +264,28 @@ def tokenize_items(items: Iterator[tuple[int, object]], uri: str, shard_key: str
         if isinstance(line, bytes) and not line.strip():
             bad(lineno, SampleError(BLANK_LINE, "blank line"))
             continue
-        sample = None
         try:
             if isinstance(line, bytes):
                 sample = parse_line(line, f"{id_prefix}:{lineno}")
             else:
                 sample = parse_record(line, f"{id_prefix}:{lineno}" if unit == "line" else f"{id_prefix}#{lineno}")
             unique(lineno, sample)
-            batch.append(encoder.prepare(sample, check=check))
-            batch_lines.append(lineno)
-            batch_chars += len(batch[-1].text)
+            pending.append((lineno, sample))
+            pending_chars += sample_chars(sample)
         except SampleError as exc:
             bad(lineno, exc)
         except (TaskCancelled, TaskReleased):
             raise
         except Exception as exc:  # noqa: BLE001 - one record's failure, whatever it is, is one bad line
-            stage = "rendering" if sample else "reading"
-            bad(lineno, SampleError(TEMPLATE_ERROR if sample else MALFORMED_JSON,
-                                    f"{type(exc).__name__} while {stage} the record", sample.id if sample else None))
-        if len(batch) >= encoder.spec.samples_per_batch or batch_chars >= max_chars:
+            bad(lineno, SampleError(MALFORMED_JSON, f"{type(exc).__name__} while reading the record"))
+        if len(pending) >= encoder.spec.samples_per_batch or pending_chars >= max_chars:
+            render()
             flush()
             checked = time.monotonic()
         elif check and time.monotonic() - checked > CHECK_S:
             check()
             checked = time.monotonic()
+    render()
     flush()
 
     stats.samples = len(ids_out)
@@ -284,6 +298,11 @@ def tokenize_items(items: Iterator[tuple[int, object]], uri: str, shard_key: str
             "chat_template_fingerprint": encoder.chat_template_fingerprint, "source": uri}
     shard = encode_shard(ids_out, tokens_out, masks_out, meta)
     return FileResult(shard, shard_entry(shard_key, shard), errors, stats)
+
+
+def sample_chars(sample: Sample) -> int:
+    """About how many characters the sample renders as (its texts; the template adds a few)."""
+    return sum(len(m.get("content") or "") + len(m.get("reasoning") or "") for m in sample.messages)
 
 
 def errors_jsonl(errors: list[dict]) -> bytes:

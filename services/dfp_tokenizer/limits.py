@@ -4,8 +4,9 @@
   parsed or tokenized (and before it is even copied out of the file); a tokenizer batch is also cut
   at twice that many characters, so one batch's memory stays bounded too.
 * ``template_timeout_s`` / ``template_memory_bytes``: the budget of one record's rendering (and of
-  each probe of a template), enforced by :mod:`dfp_shared.chat_template.budget` from outside the
-  rendering thread; a rendered text longer than ``max_rendered_chars`` is over budget too.
+  each probe of a template), enforced in the render process (:mod:`.render_process`) by
+  :mod:`dfp_shared.chat_template.budget`, and by killing that process or capping its address space
+  where one call escapes it; a rendered text longer than ``max_rendered_chars`` is over budget too.
 * ``chat_templates_dir``: templates the operator registered; a spec picks one by name
   (``chat_template: <name>`` reads ``<dir>/<name>.jinja``). ``allow_inline_templates=False`` refuses
   a spec's own Jinja text, so that only the tokenizer's template or a registered one is used.

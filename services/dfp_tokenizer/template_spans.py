@@ -146,6 +146,8 @@ class TemplateLocator:
                 as_text = self.render([user, Message(role="assistant", content=inline)], enable_thinking=True)
                 apart = self.render([user, Message(role="assistant", content=PROBE + "c", reasoning_content=PROBE + "r",
                                                    thinking=PROBE + "r")], enable_thinking=True)
+            except MemoryError:  # one allocation over the memory limit: over budget, not a template error
+                raise
             except Exception:  # noqa: BLE001
                 return False
             if as_text != apart:
@@ -158,6 +160,8 @@ class TemplateLocator:
             try:
                 without = self.render(msgs, enable_thinking=thinking)
                 with_prompt = self.render(msgs, add_generation_prompt=True, enable_thinking=thinking)
+            except MemoryError:
+                raise
             except Exception:  # noqa: BLE001 - some templates insist on a system turn
                 continue
             if with_prompt.startswith(without):
@@ -168,6 +172,8 @@ class TemplateLocator:
         msgs = [{"role": "user", "content": PROBE}, {"role": "assistant", "content": PROBE + "a"}]
         try:
             text = self.render(msgs)
+        except MemoryError:
+            raise
         except Exception:  # noqa: BLE001
             return None
         after = text[text.find(PROBE + "a") + len(PROBE) + 1:]
@@ -187,6 +193,8 @@ class TemplateLocator:
         messages = self.own_messages(messages)
         try:
             text = self.render(self.template_messages(messages), **overrides)
+        except MemoryError:
+            raise
         except Exception as exc:  # noqa: BLE001 - template raise_exception() and friends
             raise SampleError(TEMPLATE_ERROR, f"chat template failed: {short_detail(str(exc))}") from None
         tool_names = (True, False) if any(m.get("tool_calls") for m in messages) else (False,)
@@ -227,6 +235,8 @@ class TemplateLocator:
             values = {f: f"{open_}{n}{close}" for n, f in enumerate(fields)}
             try:
                 skeleton = self.render(self.template_messages(messages, values), **overrides)
+            except MemoryError:
+                raise
             except Exception:  # noqa: BLE001
                 return None
             pieces = re.split(f"{open_}(\\d+){close}", skeleton)

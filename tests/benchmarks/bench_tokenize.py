@@ -11,7 +11,8 @@ generated in code and serialised as JSONL files, as the generation service write
   prefix including the turn to find the mask boundaries; then the same shard encoding.
 * limit: the ``tokenizers`` library's ``encode_batch`` alone on the already-rendered texts.
 
-Per-core figures divide tokens by the CPU time of the (single-threaded) process, best of
+Per-core figures divide tokens by the CPU time of the (single-threaded) process and of its render
+process (where chat templates run), best of
 interleaved runs, so other work on a shared machine does not skew one side. Also: the project path
 in 2 processes at once (each on half of the files), as aggregate tokens/s of wall time and its
 scaling over one process (meaningful only when two cores are free). ``--samples`` sets the size.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import time
 
 from _common import report
@@ -29,6 +31,7 @@ from dfp_dev.targets.qwen3_tokenizer import qwen3_tokenizer_dir
 from dfp_shared.specs.tokenize import TokenizeSpec
 from dfp_shared.token_shards import encode_shard
 from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_tokenizer import render_process
 from dfp_tokenizer.encoder import SampleEncoder
 from dfp_tokenizer.files import tokenize_file
 from dfp_tokenizer.records import parse_line
@@ -81,8 +84,8 @@ def run_baseline(tok, files: list[bytes]) -> int:
 def rendered_texts(enc: SampleEncoder, files: list[bytes]) -> list[str]:
     texts = []
     for data in files:
-        for n, line in enumerate(data.splitlines()):
-            texts.append(enc.prepare(parse_line(line, str(n))).text)
+        samples = [parse_line(line, str(n)) for n, line in enumerate(data.splitlines())]
+        texts.extend(p.text for p in enc.prepare_many(samples))
     return texts
 
 
@@ -111,11 +114,26 @@ def run_parallel(tok_dir: str, files: list[bytes], procs: int) -> tuple[int, flo
     return tokens, elapsed
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process and of its render processes (where the chat template runs)."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for child in render_process.POOL.children():
+        try:
+            with open(f"/proc/{child.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 def timed(fn, *args) -> tuple[int, float]:
-    """(result, CPU seconds of this process): per-core cost, unaffected by other load on the machine."""
-    t0 = time.process_time()
+    """(result, CPU seconds of this process and its render processes): per-core cost, unaffected by other
+    load on the machine."""
+    t0 = cpu_s()
     n = fn(*args)
-    return n, time.process_time() - t0
+    return n, cpu_s() - t0
 
 
 def main() -> None:

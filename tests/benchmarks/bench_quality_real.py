@@ -56,11 +56,13 @@ LEVERS = {
 
 
 def first_turns(prompts) -> list[dict]:
-    """First user turns (a leading system message kept), deduplicated, each with a hash of its text."""
+    """First user turns (system messages before them kept), deduplicated, each with a hash of its text."""
     seen, out = set(), []
     for p in prompts:
         upto = next(i for i, m in enumerate(p.messages) if m["role"] == "user")
-        messages = p.messages[: upto + 1]
+        # the first user turn and the system messages before it (some conversations open with a model turn:
+        # left out, so every trained token is the target's own answer)
+        messages = [m for m in p.messages[:upto] if m["role"] == "system"] + [p.messages[upto]]
         text = messages[-1]["content"].strip()
         if not text or len(text) > MAX_PROMPT_CHARS:
             continue

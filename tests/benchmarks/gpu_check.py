@@ -5,8 +5,10 @@ On CUDA (``make gpu-check``) it builds random-weight models at real shapes (a Qw
 device's memory is short, and measures the target forward, the drafter step (flex attention
 compiled vs SDPA), the training pipeline with the in-process target and with a colocated target
 service over shared memory, the hidden-state transfer, generation with the transformers engine,
-and from those rates the best split of an 8-GPU node. Without CUDA it rehearses every stage at
-tiny shapes in seconds. Every figure goes to one JSON file (``--out``).
+from those rates the best split of an 8-GPU node, and last the hidden-state cache (filled in the
+target's dtype under the check's scratch directory, its per-sample read rate beside raw file reads,
+and the pipeline trained from it). Without CUDA it rehearses every stage at tiny shapes in seconds.
+Every figure goes to one JSON file (``--out``).
 
 Run: make gpu-check   (or: python tests/benchmarks/gpu_check.py [--out gpu-check.json] [--rehearse])
 """
@@ -21,6 +23,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -32,7 +35,18 @@ import torch
 # project imports: every one in this block
 from dfp_generation.engines.base import GenRequest, SamplingParams
 from dfp_generation.engines.transformers_engine import TransformersEngine
-from dfp_shared.hidden_states import InProcessTarget, TargetClient, build_model_info, plan_batches
+from dfp_shared.hidden_states import (
+    CachedSource,
+    CacheKey,
+    HiddenStateCache,
+    InProcessTarget,
+    TargetClient,
+    build_model_info,
+    dataset_checksum,
+    estimate_bytes,
+    fill_shards,
+    plan_batches,
+)
 from dfp_shared.hidden_states.shm_transport import HEADER_BYTES, ShmPool
 from dfp_shared.token_shards import TokenDataset
 from dfp_target.server import TargetServer
@@ -46,6 +60,8 @@ from dfp_trainer.loop.stages import DeviceCopier, Pipeline
 ROOT = Path(__file__).resolve().parents[2]
 NODE_GPUS = 8
 GIB = 1 << 30
+CACHE_SAMPLES = 16  # samples the hidden-state cache holds (the pipeline trains from the first warmup + steps)
+CACHE_DISK_MB_S = 200.0  # a pessimistic disk rate: how the cache stage sizes its time before it starts
 
 # dense bf16 tensor-core peaks (TFLOP/s, no sparsity), matched against torch.cuda.get_device_name()
 BF16_PEAK_TFLOPS = {"B200": 2250, "H200": 989, "GH200": 989, "H100 NVL": 835, "H100 PCIe": 756, "H100": 989,
@@ -174,7 +190,8 @@ def synthetic_dataset(shape: Shape, samples: int) -> TokenDataset:
     n = samples * shape.tokens
     offsets = torch.arange(samples + 1, dtype=torch.int64) * shape.tokens
     ids = torch.randint(2, shape.vocab - 2, (n,), generator=g, dtype=torch.int32)
-    return TokenDataset(ids, torch.ones(n, dtype=torch.uint8), offsets, [f"s{i}" for i in range(samples)], {})
+    manifest = {"shards": [{"key": "synthetic.safetensors", "num_samples": samples}]}  # one token shard, in memory
+    return TokenDataset(ids, torch.ones(n, dtype=torch.uint8), offsets, [f"s{i}" for i in range(samples)], manifest)
 
 
 # ------------------------------------------------------------------ FLOP counts (multiply-add = 2 FLOP)
@@ -381,12 +398,14 @@ def drafter_step(target, shape: Shape, device: torch.device, peak_tflops: float)
     return out
 
 
-def pipeline(source, target, shape: Shape, device: torch.device, target_rate: float, step_rate: float) -> dict:
-    """The trainer's input pipeline (collate -> fetch_hidden -> DeviceCopier) into its training step."""
+def pipeline(source, target, shape: Shape, device: torch.device, target_rate: float, step_rate: float,
+             ds: TokenDataset | None = None) -> dict:
+    """The trainer's input pipeline (collate -> fetch_hidden -> DeviceCopier) into its training step, over the
+    first samples of ``ds`` (a synthetic dataset by default); a cache's source is asked by sample index."""
     drafter = build_drafter(shape, target, device)
     params, optim = make_optimizer(drafter)
     steps = shape.warmup + shape.steps
-    ds = synthetic_dataset(shape, steps)
+    ds = ds if ds is not None else synthetic_dataset(shape, steps)
     pin = device.type == "cuda"
     ids = layer_ids(shape)
 
@@ -395,7 +414,7 @@ def pipeline(source, target, shape: Shape, device: torch.device, target_rate: fl
             yield collate(ds, torch.tensor([i]), shape.tokens, pin=pin)
 
     async def fetch(batch):
-        hidden = await fetch_hidden(source, batch.sequences(), ids, None, pin=pin)
+        hidden = await fetch_hidden(source, batch.sequences(), ids, None, pin=pin, index=batch.index)
         return dataclasses.replace(batch, target_hidden=hidden)
 
     copier = DeviceCopier(device)
@@ -538,6 +557,122 @@ def transfer(shape: Shape, device: torch.device, shm_dir: str) -> dict:
     path = ("device_to_host", "host_to_shm", "shm_to_pinned_host", "pinned_host_to_device")
     return gbps | {"end_to_end_gbps": nbytes / sum(legs[k] for k in path) / 1e9, "bytes": nbytes,
                    "pinned": pin, "dtype": str(dtype).replace("torch.", "")}
+
+
+def file_system(path: Path) -> str:
+    """The type of the file system holding ``path`` (the longest mount point above it in /proc/mounts)."""
+    target, best, kind = str(path.resolve()).rstrip("/") + "/", "", "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/mounts").read_text().splitlines():
+            parts = line.split()
+            mount = parts[1].rstrip("/") + "/" if len(parts) > 2 else None
+            if mount and target.startswith(mount) and len(mount) > len(best):
+                best, kind = mount, parts[2]
+    return kind
+
+
+def drop_page_cache(paths: list[Path]) -> bool:
+    """Ask the kernel to drop the files' pages from the page cache (so the next read comes from the disk)."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return True
+
+
+def read_whole(paths: list[Path]) -> float:
+    """Seconds to read the files whole, one after another (the raw rate the cache's reads compare with)."""
+    t0 = time.perf_counter()
+    for path in paths:
+        with open(path, "rb", buffering=0) as fh:
+            view = memoryview(bytearray(os.fstat(fh.fileno()).st_size))
+            while view:
+                view = view[fh.readinto(view):]
+    return time.perf_counter() - t0
+
+
+def read_samples(uri: str, key: CacheKey, ds: TokenDataset, order: list[int]) -> float:
+    """Seconds to read every sample's features from a freshly opened cache, one sample at a time in ``order``."""
+    cache = HiddenStateCache.open(uri, key, ds, create=False)
+    try:
+        t0 = time.perf_counter()
+        for i in order:
+            cache.read(i)
+        return time.perf_counter() - t0
+    finally:
+        cache.close()
+
+
+def hidden_cache(local: InProcessTarget, model, shape: Shape, device: torch.device, scratch: Path, deadline: float,
+                 online_rate: float, target_rate: float, step_rate: float) -> dict:
+    """The hidden-state cache of the synthetic dataset: filled by the in-process target (its dtype) on the
+    scratch disk, read back one sample at a time in shuffled order (as training reads) beside whole-file reads
+    of its shards, from the disk (pages dropped first) and from the page cache, then the pipeline trained from
+    it (a ``CachedSource``) beside the online in-process pipeline. Skipped, with a note, when its estimated
+    time or the disk does not fit before ``deadline``; the fill stops between shards at ``deadline``."""
+    ids, info = layer_ids(shape), local.model_info()
+    ds = synthetic_dataset(shape, max(CACHE_SAMPLES, shape.warmup + shape.steps))
+    key = CacheKey(info.fingerprint, tuple(ids), dataset_checksum(ds.manifest), str(info.dtype), info.hidden_size,
+                   info.num_layers)
+    root = scratch / "hidden-state-cache"
+    uri, nbytes, tokens = f"file://{root}", estimate_bytes(ds, key), int(ds.lengths.sum())
+    out = {"path": str(root), "file_system": file_system(scratch), "dtype": key.dtype, "samples": ds.num_samples,
+           "bytes": nbytes}
+
+    def skip(why: str) -> dict:
+        shape.notes.append(f"hidden-state cache skipped: {why}")
+        return out | {"skipped": why}
+
+    free = shutil.disk_usage(scratch).free
+    if free < nbytes + GIB:
+        return skip(f"{free / GIB:.1f} GiB free under {scratch}, {nbytes / GIB:.1f} GiB + 1 GiB needed")
+    rates = [r for r in (target_rate, online_rate, step_rate) if math.isfinite(r) and r > 0]
+    if len(rates) == 3:  # fill, five passes over the bytes (write, two raw and two cache reads), the pipeline
+        need = tokens / target_rate + 5 * nbytes / (CACHE_DISK_MB_S * 1e6) \
+            + (shape.warmup + shape.steps) * shape.tokens / min(online_rate, step_rate)
+        left = deadline - time.perf_counter()
+        if need > left:
+            return skip(f"about {need:.0f} s needed, {max(left, 0):.0f} s left in the time budget")
+
+    cache = HiddenStateCache.open(uri, key, ds, shard_bytes=2 * nbytes // ds.num_samples)  # two samples a shard
+    t0 = time.perf_counter()
+    fill_shards(cache, local, ds, cache.shards, max_tokens_per_request=shape.target_batch_tokens,
+                should_stop=lambda: time.perf_counter() > deadline)
+    out.update(fill_s=time.perf_counter() - t0, shards=len(cache.shards))
+    missing = cache.missing()
+    cache.close()
+    if missing:
+        return skip(f"the time budget ran out while filling ({len(missing)} of {len(cache.shards)} shards missing)")
+    out["fill_mb_s"] = nbytes / 1e6 / out["fill_s"]  # the target's forward and the write together
+
+    files = [root / p.key for p in cache.shards]
+    file_bytes = sum(f.stat().st_size for f in files)
+    order = torch.randperm(ds.num_samples, generator=torch.Generator().manual_seed(4)).tolist()
+    out["page_cache_dropped"] = drop_page_cache(files)
+    raw_disk = read_whole(files)
+    drop_page_cache(files)
+    cache_disk = read_samples(uri, key, ds, order)
+    raw_warm = read_whole(files)
+    cache_warm = read_samples(uri, key, ds, order)
+    out.update(raw_read_mb_s=file_bytes / 1e6 / raw_disk, cache_read_mb_s=nbytes / 1e6 / cache_disk,
+               raw_read_warm_mb_s=file_bytes / 1e6 / raw_warm, cache_read_warm_mb_s=nbytes / 1e6 / cache_warm,
+               file_bytes=file_bytes)
+    out["cache_vs_raw_read"] = out["cache_read_mb_s"] / out["raw_read_mb_s"]
+
+    source = CachedSource(HiddenStateCache.open(uri, key, ds, create=False))  # no target: every sample cached
+    try:
+        cached = pipeline(source, model, shape, device, target_rate, step_rate, ds=ds)
+    finally:
+        asyncio.run(source.close())
+    cached["samples_from_cache"] = source.served_from_cache
+    out["pipeline_cached"] = cached
+    out["cached_vs_online"] = cached["tokens_per_s"] / online_rate
+    return out
 
 
 def tokenizer_for(shape: Shape):
@@ -684,13 +819,15 @@ def check(args) -> dict:
         s_rate = step.get(step.get("trainer_backend", "sdpa"), {}).get("tokens_per_s", float("nan"))
         local = InProcessTarget(model_dir, model=model, layer_ids=layer_ids(shape),
                                 token_budget=shape.target_batch_tokens)
-        run.stage("pipeline_inprocess", pipeline, local, model, shape, device, t_rate, s_rate)
-        asyncio.run(local.close())
+        pin = run.stage("pipeline_inprocess", pipeline, local, model, shape, device, t_rate, s_rate) or {}
         run.stage("transfer", transfer, shape, device, shm_dir)
         run.stage("generation", generation, model, shape, device)
         run.stage("pipeline_colocated", colocated_pipeline, server, model, shape, device, shm_dir, t_rate, s_rate)
         server.stop()
         run.stage("node_split", node_split, t_rate, s_rate)
+        run.stage("hidden_cache", hidden_cache, local, model, shape, device, Path(tmp), run.t0 + run.budget_s,
+                  pin.get("tokens_per_s", float("nan")), t_rate, s_rate)
+        asyncio.run(local.close())
     run.report["shape_notes"] = shape.notes
     run.report["elapsed_s"] = round(time.perf_counter() - run.t0, 2)
     return run.report
@@ -713,7 +850,8 @@ def table(report: dict) -> str:
     r = report
     dev, pk, fwd, st = r.get("device", {}), r.get("peak", {}), r.get("target_forward", {}), r.get("drafter_step", {})
     pin, col, tr = r.get("pipeline_inprocess", {}), r.get("pipeline_colocated", {}), r.get("transfer", {})
-    gen, split = r.get("generation", {}), r.get("node_split", {})
+    gen, split, hc = r.get("generation", {}), r.get("node_split", {}), r.get("hidden_cache", {})
+    pc = hc.get("pipeline_cached", {})
     rows = [
         ("device", f"{dev.get('name')} · torch {dev.get('torch')} · CUDA {dev.get('cuda')}", "what ran"),
         ("bf16 peak", _fmt(pk.get("tflops"), "TFLOP/s"),
@@ -749,6 +887,23 @@ def table(report: dict) -> str:
     rows.append(("8-GPU node split", f"{split.get('target_gpus')} target + {split.get('trainer_gpus')} trainer",
                  f"{_fmt(split.get('node_tokens_per_s'))} tok/s, {_fmt(split.get('vs_default'))}x the 1 + 7 default; "
                  f"chart {json.dumps(split.get('chart_values'))}"))
+    if not hc or hc.get("skipped"):
+        rows.append(("hidden-state cache", "skipped" if hc else "—", hc.get("skipped", "not measured (see below)")))
+    else:
+        rows += [
+            ("hidden-state cache fill", _fmt(hc.get("fill_mb_s"), "MB/s"),
+             f"{_fmt(hc.get('bytes', 0) / 1e6, 'MB')} {hc.get('dtype')} in {hc.get('shards')} shards, "
+             f"{_fmt(hc.get('fill_s'), 's')} (forward + write) under {hc.get('path')} ({hc.get('file_system')})"),
+            ("cache read", _fmt(hc.get("cache_read_mb_s"), "MB/s"),
+             f"per sample, shuffled; {_fmt(hc.get('cache_vs_raw_read'))}x raw; from the page cache "
+             f"{_fmt(hc.get('cache_read_warm_mb_s'))} MB/s"
+             + ("" if hc.get("page_cache_dropped") else " (pages not dropped: both warm)")),
+            ("raw file read", _fmt(hc.get("raw_read_mb_s"), "MB/s"),
+             f"the cache's shard files read whole; from the page cache {_fmt(hc.get('raw_read_warm_mb_s'))} MB/s"),
+            ("pipeline cached", _fmt(pc.get("tokens_per_s"), "tok/s"),
+             f"from a CachedSource, data wait {_fmt(pc.get('data_wait_fraction'))}; cached vs online "
+             f"{_fmt(hc.get('cached_vs_online'))}x the in-process pipeline"),
+        ]
     width = max(len(a) for a, _, _ in rows)
     vwidth = max(len(b) for _, b, _ in rows)
     lines = [f"{a:<{width}}  {b:>{vwidth}}  {c}" for a, b, c in rows]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,8 +27,12 @@ POSITIVE = {
     "transfer": ["device_to_host_gbps", "host_to_shm_gbps", "shm_to_pinned_host_gbps", "pinned_host_to_device_gbps",
                  "pageable_host_to_device_gbps", "end_to_end_gbps", "bytes"],
     "node_split": ["target_gpus", "trainer_gpus", "node_tokens_per_s", "default_node_tokens_per_s", "vs_default"],
+    "hidden_cache": ["bytes", "file_bytes", "shards", "fill_s", "fill_mb_s", "cache_read_mb_s", "raw_read_mb_s",
+                     "cache_read_warm_mb_s", "raw_read_warm_mb_s", "cache_vs_raw_read", "cached_vs_online"],
+    "hidden_cache.pipeline_cached": ["tokens_per_s", "vs_target_forward", "samples_from_cache"],
 }
-FRACTIONS = {"pipeline_inprocess": ["data_wait_fraction"], "pipeline_colocated": ["data_wait_fraction"]}
+FRACTIONS = {"pipeline_inprocess": ["data_wait_fraction"], "pipeline_colocated": ["data_wait_fraction"],
+             "hidden_cache.pipeline_cached": ["data_wait_fraction"]}
 
 
 def _at(report: dict, path: str) -> dict:
@@ -65,6 +72,12 @@ def test_cpu_rehearsal_writes_every_figure(tmp_path):
     assert report["drafter_step"]["flex"]["forward_only"] is True  # torch has no flex backward on the CPU
     assert report["drafter_step"]["trainer_backend"] == "sdpa"
     assert report["pipeline_colocated"]["shm_bytes"] > 0  # the hidden states came through shared memory
+    cache = report["hidden_cache"]
+    assert "skipped" not in cache and cache["dtype"] == "float32" and cache["samples"] >= 16
+    assert Path(cache["path"]).name == "hidden-state-cache" and "gpu-check-" in cache["path"] and cache["file_system"]
+    shape = device["shape"]
+    assert cache["pipeline_cached"]["samples_from_cache"] == shape["warmup"] + shape["steps"]
+    assert "pipeline cached" in proc.stdout and "cache read" in proc.stdout
 
     gen = report["generation"]["batch_sizes"]
     assert len(gen) >= 2
@@ -81,3 +94,26 @@ def test_cpu_rehearsal_writes_every_figure(tmp_path):
     for stage in POSITIVE:
         assert stage.split(".")[0] in report["stage_seconds"]
     assert "8-GPU node split" in proc.stdout and str(out) in proc.stdout
+
+
+def test_cache_stage_skips_with_a_note_when_the_budget_is_spent(tmp_path, monkeypatch):
+    from dfp_shared.hidden_states import ModelInfo
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # its dataclasses resolve their module by name
+    spec.loader.exec_module(gpu_check)
+    shape = dataclasses.replace(gpu_check.TINY, notes=[])
+    info = ModelInfo(model_id="t", fingerprint="f", num_layers=shape.layers, hidden_size=shape.hidden,
+                     vocab_size=shape.vocab, dtype="bfloat16", layer_ids=gpu_check.layer_ids(shape),
+                     max_tokens_per_request=0)
+
+    class Target:
+        def model_info(self):
+            return info
+
+    out = gpu_check.hidden_cache(Target(), None, shape, None, tmp_path, time.perf_counter(), 100.0, 100.0, 100.0)
+    assert "time budget" in out["skipped"] and out["path"].startswith(str(tmp_path)) and out["dtype"] == "bfloat16"
+    assert shape.notes == [f"hidden-state cache skipped: {out['skipped']}"]
+    assert not (tmp_path / "hidden-state-cache").exists()  # nothing was written
+    assert "skipped" in gpu_check.table({"hidden_cache": out})

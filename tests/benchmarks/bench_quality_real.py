@@ -14,7 +14,7 @@ file of its PyPI wheel, :mod:`dfp_dev.targets.smollm2`):
 4. training for a fixed budget of steps (the trainer, target in process) with a recipe sized for CPUs, the
    target's hidden states computed once into the hidden-state cache and read from it every epoch;
 5. evaluation by the evaluate job's code: real greedy speculative decoding on MT-Bench and on the
-   held-out slice, trained and untrained DFlash beside n-gram speculation at the same draft length,
+   held-out slice, trained and untrained (first 8 prompts of each set) DFlash beside n-gram speculation at the same draft length,
    every output equal to the target's greedy one; with ``--vllm`` the real vLLM serves the drafter on
    MT-Bench prompts and its acceptance counts are reported beside the project's.
 
@@ -41,13 +41,14 @@ from bench_quality import Stages, digest, read_records, untrained_export, write_
 
 SEED = 0
 HELD_OUT_ONE_IN = 20
+UNTRAINED_PROMPTS = 8  # per set: the untrained drafter's tau is 1.0 give or take a lucky draft
 MAX_PROMPT_CHARS = 1500  # first turns longer than this are left out (CPU budget)
-BASE_RECIPE = {"block_size": 8, "gamma": 4.0, "max_anchors": 16, "num_draft_layers": 1, "loss": "decay",
+BASE_RECIPE = {"block_size": 8, "gamma": 4.0, "max_anchors": 16, "num_draft_layers": 2, "loss": "decay",
                "lr": 3e-3, "decay": "cosine", "optimizer": "adamw"}
 LEVERS = {
     "loss=dpace": {"loss": "dpace"},
     "block_size=16": {"block_size": 16, "gamma": 7.0},
-    "layers=2": {"num_draft_layers": 2},
+    "layers=1": {"num_draft_layers": 1},
     "layers=3": {"num_draft_layers": 3},
     "anchors=32": {"max_anchors": 32},
     "schedule=wsd": {"decay": "wsd"},
@@ -208,7 +209,8 @@ def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, untrained
     if untrained:
         start_dir = stages.run(f"evaluate-untrained.{name}", digest(key, ctx["eval_key"], "untrained"), lambda out: (
             untrained_export(ctx["model"], run / "drafter", out / "drafter"),
-            evaluate(ctx["model"], out / "drafter", eval_sets, ctx["eval_prompts"], ctx["eval_new_tokens"], out)))
+            evaluate(ctx["model"], out / "drafter", eval_sets, min(UNTRAINED_PROMPTS, ctx["eval_prompts"]),
+                     ctx["eval_new_tokens"], out)))
         figures["tau_untrained"] = both_sets(start_dir)[0]["dflash"]["tau"]
     return figures
 

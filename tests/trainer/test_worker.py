@@ -112,6 +112,27 @@ def test_worker_fails_a_job_with_a_foreign_dataset_at_once(tmp_path, redis_serve
     assert list(open_store(f"file://{tmp_path}/out").list("")) == [".dflash-owner.json"]  # claimed; no step ran
 
 
+@pytest.mark.parametrize("nproc", [1, 2], ids=["in-process", "torchrun"])
+def test_worker_fails_a_job_whose_target_has_only_pickled_weights_at_once(tmp_path, redis_server, redis_client,
+                                                                          tiny_qwen3_dir, tiny_dataset, nproc):
+    """A target whose weights are only a pickle (``pytorch_model.bin``) is refused, and the job fails at once with
+    the reason: never retried, on one process or under torchrun."""
+    import shutil
+
+    target = tmp_path / "pickled-target"
+    shutil.copytree(tiny_qwen3_dir, target, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    (target / "pytorch_model.bin").write_bytes(b"never unpickled")
+    job, _ = queue_job(redis_client, "train", tiny_spec(tiny_dataset, target, f"file://{tmp_path}/out"))
+    done = subprocess.run(cli("trainer", "worker", "--max-tasks", "1", "--idle-exit", "10",
+                              "--redis-url", redis_server.url),
+                          env=subprocess_env(DFLASH_NPROC_PER_NODE=nproc), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rec = JobStore(redis_client).get(job.id)
+    assert rec.state == JobState.failed and "safetensors" in rec.error, rec.error
+    assert TaskQueue(redis_client, "train").dead_letters() == []  # failed at once, not after retries
+
+
 def test_a_killed_worker_s_job_resumes_on_another_worker(tmp_path, redis_server, redis_client, tiny_qwen3_dir,
                                                          tiny_dataset):
     """SIGKILL the worker mid-run: the task's lease expires, the next worker reclaims it and resumes."""

@@ -241,3 +241,26 @@ def test_a_sliding_window_drafter_is_served_as_trained(vllm_python, servable_tar
     vllm, project = result["vllm"], result["project_whole_blocks"]
     assert vllm["drafts"] == project["drafts"] > 0 and vllm["per_position"] == project["per_position"]
     assert result["acceptance_equal"]
+
+
+def test_a_drafter_of_a_llama_target_without_mask_token_is_served_as_trained(vllm_python, qwen3_tokenizer_dir,
+                                                                             tmp_path_factory, tmp_path):
+    """A Llama target shaped like SmolLM2 (tied embeddings, ChatML without thinking mode, no mask token): the
+    trainer picks a spare special token as the mask, and vLLM's Llama model with the DFlash drafter serves
+    outputs equal to greedy and drafts equal to the project's decoder."""
+    from dfp_dev.targets.tiny import build_tiny_llama
+
+    target = build_tiny_llama(tmp_path_factory.mktemp("tiny-llama-hd32"), qwen3_tokenizer_dir, hidden_size=64,
+                              num_heads=2, num_kv_heads=1, head_dim=32)
+    drafter = _train_drafter(tmp_path_factory.mktemp("llama-drafter"), target)
+    config = json.loads((drafter / "config.json").read_text())
+    assert config["dflash_config"]["mask_token_id"] != json.loads((target / "config.json").read_text())["vocab_size"]
+    messages, ids = load_prompts(None, limit=4)
+    for server in _serve(vllm_python, target, drafter, tmp_path_factory.mktemp("vllm-llama-logs")):
+        result = run_check(ServeCheck(target, drafter, messages, ids, MAX_NEW_TOKENS, False, tmp_path), server)
+    print(json.dumps({k: result[k] for k in ("vllm", "project_whole_blocks", "project_tau")}))
+    assert all(r["prompt_equal"] for r in result["prompts"])  # the target's own ChatML template
+    assert result["outputs_equal"] and all(r["speculative_equal"] for r in result["prompts"])
+    vllm, project = result["vllm"], result["project_whole_blocks"]
+    assert vllm["drafts"] == project["drafts"] > 0 and vllm["per_position"] == project["per_position"]
+    assert result["acceptance_equal"]

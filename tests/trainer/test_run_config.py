@@ -61,7 +61,7 @@ def test_derived_drafter_config_is_the_one_the_run_trains(tmp_path, tiny_qwen3_d
                                               sliding_window=16))
     config = run_config(spec)
     parts = load_target_parts(tiny_qwen3_dir)
-    mask_id = load_tokenizer(tiny_qwen3_dir).convert_tokens_to_ids(spec.mask_token)
+    mask_id = load_tokenizer(tiny_qwen3_dir).convert_tokens_to_ids("<|MASK|>")  # what `auto` picks for it
     derived = config.drafter_config(parts.config, mask_id)
     # what the run built before there was one config: the same constructor, field by field from the spec
     before = DrafterConfig.for_target(parts.config, num_layers=spec.num_draft_layers, block_size=spec.block_size,

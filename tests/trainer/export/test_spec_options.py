@@ -51,7 +51,7 @@ def test_bad_drafter_options_are_errors_naming_the_field():
     assert loc == ("mask_token",)
     spec = TrainSpec.model_validate({**BASE, "layer_types": ["sliding_attention", "full_attention"],
                                      "sliding_window": 16})
-    assert spec.layer_types == ["sliding_attention", "full_attention"] and spec.mask_token == "<|MASK|>"
+    assert spec.layer_types == ["sliding_attention", "full_attention"] and spec.mask_token == "auto"
 
 
 def test_layer_types_reach_the_exported_drafter_which_loads_back(tmp_path, tiny_qwen3_dir, tiny_dataset, monkeypatch):

@@ -23,7 +23,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-POOL_MAX_BYTES = 1 << 30  # larger buffers are not kept between calls
+POOL_MAX_BYTES = 512 << 20  # larger buffers are not kept between calls
 _pool: list[torch.Tensor] = []  # free buffers (1-D), at most two
 _lock = threading.Lock()
 

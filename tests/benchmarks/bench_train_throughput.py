@@ -103,6 +103,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=40, help="Samples of the random dataset.")
     ap.add_argument("--tiny", action="store_true", help="A random Llama of SmolLM2's shape even if SmolLM2 is there.")
     ap.add_argument("--work", default=None, help="Scratch directory (default: a temporary one).")
+    ap.add_argument("--drafter-only", type=int, default=0, metavar="N",
+                    help="Only the drafter's step alone, N runs on random features (its cost does not depend on "
+                         "their values); prints each run's tokens/s and the best.")
     args = ap.parse_args()
 
     from dfp_shared.hidden_states import (
@@ -139,6 +142,17 @@ def main() -> None:
         t0 = time.perf_counter()
         result = train(RunConfig.compose(spec, settings, resume=False, evaluate=False), DistInfo(), source=source)
         return result, time.perf_counter() - t0
+
+    if args.drafter_only:
+        g = torch.Generator().manual_seed(SEED)
+        width = len(layers) * info.hidden_size
+        features = {i: torch.randn(int(n), width, generator=g) for i, n in enumerate(ds.lengths.tolist())}
+        rates = [steady(run(f"drafter-alone-{k}", source=MemorySource(info, features))[0])[0]
+                 for k in range(args.drafter_only)]
+        print(f"drafter alone tok/s: {', '.join(f'{r:,.0f}' for r in rates)}; best {max(rates):,.0f}")
+        report("train_throughput_drafter", "tokens/s", max(rates), runs=[round(r, 1) for r in rates])
+        asyncio.run(target.close())
+        return
 
     # the target's forward alone, on the batches the runs train on
     sampler = BatchSampler(ds.lengths.clamp(max=RECIPE["max_length"]), RECIPE["tokens_per_batch"], seed=SEED)

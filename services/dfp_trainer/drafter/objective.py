@@ -24,12 +24,12 @@ from __future__ import annotations
 from typing import get_args
 
 import torch
-import torch.nn.functional as F
 from dfp_shared.specs.train import LossKind
 from torch.utils.checkpoint import checkpoint
 
 from .attention import training_masks
 from .batch import Batch
+from .head_loss import head_cross_entropy
 from .wrappers import unwrap
 
 
@@ -88,10 +88,7 @@ def dpace_weights(ce: torch.Tensor, trained: torch.Tensor, alpha: float) -> torc
 
 
 def _chunk_loss(hidden: torch.Tensor, labels: torch.Tensor, lm_head: torch.nn.Module):
-    logits = lm_head(hidden.to(lm_head.weight.dtype)).float()  # (chunk, V)
-    ce = F.cross_entropy(logits, labels, reduction="none")
-    correct = (logits.argmax(-1) == labels).float()
-    return ce, correct
+    return head_cross_entropy(hidden, labels, lm_head)  # (chunk,) cross-entropy and argmax hits
 
 
 def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float = 7.0, noise_std: float = 0.0,

@@ -1,5 +1,5 @@
 # Two commands on a fresh machine with Python 3.10+:
-#   make demo   - the whole pipeline end to end on the CPU with a tiny model
+#   make demo   - the whole pipeline end to end on the CPU with a small model
 #   make test   - lint and the full test suite (starts the servers it needs)
 # Both create .venv and install the project into it first (no root needed).
 
@@ -42,8 +42,9 @@ gpu-check: $(STAMP)
 
 # the exported drafter served by a real vLLM on the CPU (its own cached environment, installed on first
 # use), outputs checked against greedy and acceptance against the project's; by default the drafter of
-# `make demo DEMO_ARGS="--head-dim 32"` (vLLM's CPU attention serves no head size under 32)
-SERVE_TARGET  ?= demo-output/store/models/tiny-qwen3-hd32
+# `make demo` on its learnable target, on that target's held-out prompts (vLLM's CPU attention serves no head
+# size under 32: a random target needs `DEMO_ARGS="--target tiny --head-dim 32"`)
+SERVE_TARGET  ?= $(firstword $(wildcard demo-output/store/models/learnable-qwen3-*) demo-output/store/models/learnable-qwen3)
 SERVE_DRAFTER ?= demo-output/store/train/drafter
 
 serve-check: $(STAMP)

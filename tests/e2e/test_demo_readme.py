@@ -1,6 +1,6 @@
 """The README's first command, run as a new user would: a copy of the checkout, a new virtual
-environment made by ``make demo``, the whole pipeline on the CPU, and a trained drafter whose
-acceptance length beats the untrained one's."""
+environment made by ``make demo``, the whole pipeline on the CPU with the learnable target, and a trained
+drafter whose acceptance length beats the untrained one's and n-gram speculation's."""
 
 from __future__ import annotations
 
@@ -42,10 +42,11 @@ def test_make_demo_in_a_new_virtual_environment(tmp_path):
     assert (repo / ".venv" / "bin" / "dflash-pipeline").exists()  # the demo installed itself
     print(f"make demo (install included) took {time.monotonic() - started:.0f} s")  # reported, not asserted
 
-    tau = re.search(r"acceptance length tau: trained ([0-9.]+) vs untrained ([0-9.]+)", log)
+    tau = re.search(r"acceptance length tau: trained ([0-9.]+) vs untrained ([0-9.]+), n-gram speculation ([0-9.]+)",
+                    log)
     assert tau, log[-4000:]
-    trained, untrained = float(tau.group(1)), float(tau.group(2))
-    assert trained > untrained, log[-4000:]
+    trained, untrained, ngram = (float(tau.group(i)) for i in (1, 2, 3))
+    assert trained > untrained and trained > ngram, log[-4000:]
 
     train = repo / "demo-output" / "store" / "train"
     report = json.loads((train / "report.json").read_text())
@@ -56,7 +57,9 @@ def test_make_demo_in_a_new_virtual_environment(tmp_path):
     assert (train / "drafter" / "modeling_dflash.py").exists()
     assert "speculators_config" in json.loads((train / "drafter-speculators" / "config.json").read_text())
     assert "vllm serve" in log and "--speculative-algorithm DFLASH" in log and "AutoModel.from_pretrained" in log
-    assert list((repo / "demo-output" / "store" / "generate" / "completions").glob("shard-*.jsonl"))
+    completions = list((repo / "demo-output" / "store" / "generate" / "completions").glob("shard-*.jsonl"))
+    assert sum(len(f.read_text().splitlines()) for f in completions) == 128  # the learnable target's prompts
+    assert list((repo / "demo-output" / "store" / "models").glob("learnable-qwen3-*/config.json"))
     assert (repo / "demo-output" / "store" / "tokens" / "manifest.json").exists()
     leftovers = subprocess.run(["pgrep", "-f", str(repo)], capture_output=True, text=True).stdout.split()
     assert not leftovers, "demo left processes running"

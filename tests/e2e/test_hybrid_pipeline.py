@@ -17,7 +17,7 @@ from tests.support.cli import ROOT
 def test_demo_pipeline_on_a_hybrid_target(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT / "services")}
-    run = subprocess.run([sys.executable, "-m", "dfp_cli.main", "demo", "--out", str(out), "--hybrid-target",
+    run = subprocess.run([sys.executable, "-m", "dfp_cli.main", "demo", "--out", str(out), "--target", "tiny", "--hybrid-target",
                           "--prompts", "12", "--max-new-tokens", "24", "--train-steps", "6"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=850)
     log = run.stdout + run.stderr

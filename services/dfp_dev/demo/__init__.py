@@ -1,1 +1,1 @@
-"""``dflash-pipeline demo``: the whole pipeline locally on the CPU with a tiny target."""
+"""``dflash-pipeline demo``: the whole pipeline locally on the CPU with a small target."""

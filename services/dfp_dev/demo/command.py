@@ -29,7 +29,7 @@ def config_options(fn):
               help="Directory for the store, logs and Redis data.")
 @config_options
 def demo(out_dir: Path, **flags):
-    """Run the whole pipeline locally on the CPU with a tiny Qwen3 target.
+    """Run the whole pipeline locally on the CPU with a small Qwen3 target.
 
     Starts a private Redis, the API, the generation and tokenizer workers, the gRPC target
     service and the trainer as local processes, submits a pipeline job through the REST API,
@@ -42,6 +42,8 @@ def demo(out_dir: Path, **flags):
         tiny_target_heads(flags["head_dim"])
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if flags["hybrid_target"] and click.get_current_context().get_parameter_source("target").name == "DEFAULT":
+        flags["target"] = "tiny"  # the hybrid target is a variant of the tiny random one
     if flags["target"] != "tiny" and flags["hybrid_target"]:
         raise click.UsageError(f"--hybrid-target builds the tiny random Qwen3.5; the {flags['target']} target is not one")
     raise SystemExit(run_demo(DemoConfig(out_dir=out_dir, **flags)))

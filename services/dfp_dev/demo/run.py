@@ -72,7 +72,7 @@ def prepare_inputs(cfg: DemoConfig, store_dir: Path) -> tuple[Path, Path]:
         prompts = resources.files("dfp_dev.demo").joinpath("prompts.jsonl").read_text(encoding="utf-8").splitlines()
     prompt_file = store_dir / "prompts" / "demo.jsonl"
     prompt_file.parent.mkdir(parents=True, exist_ok=True)
-    prompt_file.write_text("\n".join(prompts[: cfg.prompts]) + "\n", encoding="utf-8")
+    prompt_file.write_text("\n".join(prompts[: cfg.prompt_count()]) + "\n", encoding="utf-8")
     return model_dir, prompt_file
 
 

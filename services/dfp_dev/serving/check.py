@@ -26,7 +26,7 @@ from pathlib import Path
 import click
 import httpx
 
-from ..demo.config import DemoConfig
+from ..demo.config import RANDOM_TARGET_PROMPTS
 from .vllm_server import VllmServer, check_servable
 
 EXIT_DIFFERENT = 1
@@ -68,16 +68,19 @@ def drafter_thinking(drafter: Path) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def load_prompts(prompts: str | None, limit: int) -> tuple[list[list[dict]], list[str]]:
-    """Messages and ids of the prompts: a JSONL prompt set, or by default the demo's held-out prompts
-    (those of its built-in set that ``dflash-pipeline demo`` does not train on)."""
+def load_prompts(prompts: str | None, limit: int, target: Path | None = None) -> tuple[list[list[dict]], list[str]]:
+    """Messages and ids of the prompts: a JSONL prompt set, or by default the demo's held-out prompts: the
+    learnable target's held-out split (beside its weights), else those of the built-in set that
+    ``dflash-pipeline demo`` does not train on a random target with."""
     from dfp_shared.prompts import read_prompt_set
     from dfp_shared.storage import StorageError
 
     skip = 0
-    if prompts is None:
+    if prompts is None and target is not None and (target / "prompts" / "held-out.jsonl").is_file():
+        prompts = str(target / "prompts" / "held-out.jsonl")
+    elif prompts is None:
         prompts = str(resources.files("dfp_dev.demo").joinpath("prompts.jsonl"))
-        skip = DemoConfig.__dataclass_fields__["prompts"].default
+        skip = RANDOM_TARGET_PROMPTS
     try:
         found, errors = read_prompt_set(prompts, limit=skip + limit)
     except StorageError as exc:
@@ -217,7 +220,7 @@ def serve_check(target, drafter, prompts, limit, max_new_tokens, thinking, vllm_
     if thinking is None:
         thinking = drafter_thinking(drafter)
         thinking = True if thinking is None else thinking
-    messages, ids = load_prompts(prompts, limit)
+    messages, ids = load_prompts(prompts, limit, target)
     work = work_dir or Path(tempfile.mkdtemp(prefix="dfp-serve-check-"))
     work.mkdir(parents=True, exist_ok=True)
     try:

@@ -236,6 +236,14 @@ class Pipeline:
         elapsed = time.perf_counter() - self._started
         return min(1.0, self.wait_s / elapsed) if elapsed > 0 else 0.0
 
+    def busy_fraction(self, stage: str) -> float:
+        """Share of the wall time since the start that ``stage`` spent working (it runs beside the consumer,
+        so the shares of a stage and of the consumer's steps may add up to more than one)."""
+        if self._started is None:
+            return 0.0
+        elapsed = time.perf_counter() - self._started
+        return min(1.0, self.stats.busy_s[stage] / elapsed) if elapsed > 0 else 0.0
+
 
 class WaitMeter:
     """Data-wait fraction over a sliding window of steps (for progress reports)."""

@@ -139,11 +139,17 @@ def summarise(history: list[dict], pipeline: Pipeline) -> dict:
     if not history:
         return {}
     tail = history[-max(1, len(history) // 10):]
+    waited = pipeline.data_wait_fraction()
     return {"steps": history[-1]["step"], "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],
             "final_loss_avg": sum(r["loss"] for r in tail) / len(tail),
             "final_accuracy": sum(r["accuracy"] for r in tail) / len(tail),
             "tokens_per_s": sum(r["tokens_per_s"] for r in history) / len(history),
-            "data_wait_fraction": pipeline.data_wait_fraction(),
+            "data_wait_fraction": waited,
+            # which share of the run each side takes: the drafter's steps (the time not spent waiting on
+            # data), and the target's hidden states (the fetch stage: the target's forward in process or
+            # over gRPC, or reading the hidden-state cache), which runs ahead beside the steps
+            "drafter_step_fraction": 1.0 - waited,
+            "target_fetch_fraction": pipeline.busy_fraction("fetch"),
             "comm_fraction": sum(r["comm_fraction"] for r in history) / len(history),
             "per_position_accuracy": _mean_lists([r["per_position_accuracy"] for r in tail])}
 

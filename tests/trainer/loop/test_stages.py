@@ -10,6 +10,7 @@ import pytest
 import torch
 from dfp_trainer.drafter.batch import fetch_hidden
 from dfp_trainer.loop.stages import Pipeline
+from dfp_trainer.loop.train import summarise
 
 
 def test_items_arrive_in_order_with_several_fetches_in_flight():
@@ -70,9 +71,25 @@ def test_data_wait_fraction_small_when_fetch_overlaps_and_large_when_it_cannot()
 
     with Pipeline(range(10), slow_fetch, inflight=1, queue_size=1) as p:
         starved = consume(p)
+        target_bound = p.busy_fraction("fetch")
     assert overlapped < 0.25
     assert starved > 0.5
     assert overlapped < starved
+    assert target_bound > 0.5  # a fetch-bound run: the fetch stage was busy most of the time
+
+
+def test_the_summary_says_which_share_the_drafter_and_the_target_take():
+    async def fetch(x):
+        await asyncio.sleep(0.03)  # the target's forward, one item in flight: the steps wait on it
+        return x
+
+    with Pipeline(range(8), fetch, inflight=1, queue_size=1) as p:
+        history = [{"step": i + 1, "loss": 1.0, "accuracy": 0.5, "tokens_per_s": 1.0, "comm_fraction": 0.0,
+                    "per_position_accuracy": [0.5]} for i, _ in enumerate(p)]
+        summary = summarise(history, p)
+    assert summary["drafter_step_fraction"] == pytest.approx(1 - summary["data_wait_fraction"])
+    assert summary["target_fetch_fraction"] > summary["drafter_step_fraction"]  # a target-bound run
+    assert 0 < summary["target_fetch_fraction"] <= 1
 
 
 def test_fetch_hidden_pads_and_splits_requests():

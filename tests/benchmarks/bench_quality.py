@@ -78,19 +78,29 @@ def write_prompts(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
 
 
-def generate(model_dir: Path, prompts: Path, max_new_tokens: int, out: Path) -> None:
+def generate(model_dir: Path, prompts: Path, max_new_tokens: int, out: Path, *, thinking: bool = True,
+             batch_size: int = 16, spec: dict | None = None, **settings) -> dict:
+    """The target answers ``prompts`` greedily through the generation service (``spec``/``settings``: another
+    engine); returns its tokens/s, also written to ``throughput.json``."""
     from dfp_generation.local import run_local
     from dfp_generation.settings import GenerationSettings
     from dfp_shared.specs.generate import GenerateSpec
 
-    spec = GenerateSpec.model_validate({
+    job = GenerateSpec.model_validate({
         "prompts": f"file://{prompts}", "output": f"file://{out}", "model": f"file://{model_dir}",
-        "engine": "transformers", "temperature": 0.0, "max_new_tokens": max_new_tokens, "thinking": True,
-        "shard_size": 64})
-    run_local(spec, GenerationSettings(storage_url=f"file://{out.parent}", generation_batch_size=16))
+        "engine": "transformers", "temperature": 0.0, "max_new_tokens": max_new_tokens, "thinking": thinking,
+        "shard_size": 64, **(spec or {})})
+    began = time.perf_counter()
+    run_local(job, GenerationSettings(storage_url=f"file://{out.parent}", generation_batch_size=batch_size, **settings))
+    seconds = time.perf_counter() - began
+    tokens = sum(r["meta"].get("completion_tokens", 0) for f in sorted((out / "completions").glob("*.jsonl"))
+                 for r in read_records(f))
+    figures = {"completion_tokens": tokens, "seconds": round(seconds, 1), "tokens_per_s": round(tokens / seconds, 1)}
+    (out / "throughput.json").write_text(json.dumps(figures))
+    return figures
 
 
-def tokenize(model_dir: Path, completions: Path, out: Path) -> None:
+def tokenize(model_dir: Path, completions: Path, out: Path, *, thinking: bool = True) -> None:
     from dfp_dev.local.redis_server import RedisServer
     from dfp_tokenizer.local import run_job
     from dfp_tokenizer.settings import TokenizerSettings
@@ -99,7 +109,7 @@ def tokenize(model_dir: Path, completions: Path, out: Path) -> None:
     try:
         settings = TokenizerSettings(redis_url=redis.url, storage_url=f"file://{out.parent}", processes="1")
         rec, _ = run_job(settings, {"input": f"file://{completions}/completions/", "output": f"file://{out}",
-                                    "tokenizer": f"file://{model_dir}", "thinking": True, "max_length": 1024,
+                                    "tokenizer": f"file://{model_dir}", "thinking": thinking, "max_length": 1024,
                                     "truncation": "truncate"})
         if rec.state.value != "succeeded":
             raise RuntimeError(f"tokenize job {rec.state.value}: {rec.error}")
@@ -107,17 +117,18 @@ def tokenize(model_dir: Path, completions: Path, out: Path) -> None:
         redis.stop()
 
 
-def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path) -> None:
+def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path, **spec) -> None:
+    """A drafter for ``steps`` steps of ``recipe`` (``spec``: more train-spec fields)."""
     from dfp_shared.specs.train import TrainSpec
     from dfp_trainer.run import run_local
     from dfp_trainer.settings import TrainerSettings
 
-    spec = TrainSpec.model_validate({
+    job = TrainSpec.model_validate({
         "dataset": f"file://{dataset}", "target": f"file://{model_dir}", "output": f"file://{out}",
         "steps": steps, "tokens_per_batch": 1024, "max_length": 512, "num_draft_layers": 2, "lr": 3e-3,
         "warmup_ratio": 0.05, "checkpoint_every": steps, "eval_prompts": 0, "seed": SEED, "exports": ["zlab"],
-        **recipe})
-    result = run_local(spec, TrainerSettings(storage_url=f"file://{out.parent}", target_url="inprocess"), resume=False)
+        **spec, **recipe})
+    result = run_local(job, TrainerSettings(storage_url=f"file://{out.parent}", target_url="inprocess"), resume=False)
     if not result.completed:
         raise RuntimeError("training stopped before its last step")
 
@@ -137,13 +148,16 @@ def untrained_export(model_dir: Path, trained: Path, out: Path) -> None:
     export_drafter(DFlashDrafter(config, embed, head), out)
 
 
-def evaluate(model_dir: Path, drafter: Path, heldout: Path, prompts: int, max_new_tokens: int, out: Path) -> None:
+def evaluate(model_dir: Path, drafter: Path, prompt_sets: list[Path], prompts: int, max_new_tokens: int, out: Path,
+             *, thinking: bool = True) -> None:
+    """The evaluate job's decoding on each prompt set: DFlash and n-gram speculation beside greedy."""
     from dfp_shared.specs.evaluate import EvaluateSpec
     from dfp_trainer.evaluate.job import evaluate_job
 
     spec = EvaluateSpec.model_validate({"drafter": f"file://{drafter}", "target": f"file://{model_dir}",
-                                        "prompts": [f"file://{heldout}"], "output": f"file://{out}",
-                                        "max_prompts": prompts, "max_new_tokens": max_new_tokens})
+                                        "prompts": [f"file://{p}" for p in prompt_sets], "output": f"file://{out}",
+                                        "max_prompts": prompts, "max_new_tokens": max_new_tokens,
+                                        "enable_thinking": thinking})
     evaluate_job(spec, device="cpu")
 
 
@@ -157,12 +171,12 @@ def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, untrained
     print(f"recipe {name}: {recipe}", flush=True)
     run = stages.run(f"train.{name}", key, lambda out: train(ctx["model"], ctx["dataset"], recipe, ctx["steps"], out))
     evaluated = stages.run(f"evaluate.{name}", digest(key, ctx["eval_key"]), lambda out: evaluate(
-        ctx["model"], run / "drafter", ctx["heldout"], ctx["eval_prompts"], ctx["max_new_tokens"], out))
+        ctx["model"], run / "drafter", [ctx["heldout"]], ctx["eval_prompts"], ctx["max_new_tokens"], out))
     trained, start = sets(evaluated), None
     if untrained:
         start = sets(stages.run(f"evaluate-untrained.{name}", digest(key, ctx["eval_key"], "untrained"), lambda out: (
             untrained_export(ctx["model"], run / "drafter", out / "drafter"),
-            evaluate(ctx["model"], out / "drafter", ctx["heldout"], ctx["eval_prompts"], ctx["max_new_tokens"], out))))
+            evaluate(ctx["model"], out / "drafter", [ctx["heldout"]], ctx["eval_prompts"], ctx["max_new_tokens"], out))))
     return {"tau": trained["dflash"]["tau"], "tau_vllm": trained["dflash"]["tau_vllm"],
             "tau_untrained": start["dflash"]["tau"] if start else None, "tau_ngram": trained["ngram"]["tau"],
             "position_acceptance": [round(p, 3) for p in trained["dflash"]["position_acceptance"]],

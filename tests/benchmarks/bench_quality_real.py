@@ -26,6 +26,7 @@ cached under ``--work`` by their inputs.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -36,8 +37,14 @@ import time
 from pathlib import Path
 
 import _common  # noqa: F401 - import path
+import bench_quality
 from _common import report
 from bench_quality import Stages, digest, read_records, untrained_export, write_prompts
+
+# SmolLM2's chat template has no thinking mode: every stage runs without it
+generate = functools.partial(bench_quality.generate, thinking=False, batch_size=24)
+tokenize = functools.partial(bench_quality.tokenize, thinking=False)
+evaluate = functools.partial(bench_quality.evaluate, thinking=False)
 
 SEED = 0
 HELD_OUT_ONE_IN = 20
@@ -93,71 +100,12 @@ def prepare_prompts(work: Path, train_n: int, heldout_n: int) -> dict:
     return {**files, "mtbench": mtbench_file(), "sharegpt_errors": len(errors), "first_turns": len(turns)}
 
 
-def generate(model_dir: Path, prompts: Path, max_new_tokens: int, out: Path, **engine) -> dict:
-    from dfp_generation.local import run_local
-    from dfp_generation.settings import GenerationSettings
-    from dfp_shared.specs.generate import GenerateSpec
-
-    spec = GenerateSpec.model_validate({
-        "prompts": f"file://{prompts}", "output": f"file://{out}", "model": f"file://{model_dir}",
-        "engine": "transformers", "temperature": 0.0, "max_new_tokens": max_new_tokens, "thinking": False,
-        "shard_size": 64, **engine.pop("spec", {})})
-    began = time.perf_counter()
-    run_local(spec, GenerationSettings(storage_url=f"file://{out.parent}", generation_batch_size=24, **engine))
-    seconds = time.perf_counter() - began
-    tokens = sum(r["meta"].get("completion_tokens", 0) for f in sorted((out / "completions").glob("*.jsonl"))
-                 for r in read_records(f))
-    figures = {"completion_tokens": tokens, "seconds": round(seconds, 1), "tokens_per_s": round(tokens / seconds, 1)}
-    (out / "throughput.json").write_text(json.dumps(figures))
-    return figures
-
-
-def tokenize(model_dir: Path, completions: Path, out: Path) -> None:
-    from dfp_dev.local.redis_server import RedisServer
-    from dfp_tokenizer.local import run_job
-    from dfp_tokenizer.settings import TokenizerSettings
-
-    redis = RedisServer().start()
-    try:
-        settings = TokenizerSettings(redis_url=redis.url, storage_url=f"file://{out.parent}", processes="1")
-        rec, _ = run_job(settings, {"input": f"file://{completions}/completions/", "output": f"file://{out}",
-                                    "tokenizer": f"file://{model_dir}", "thinking": False, "max_length": 1024,
-                                    "truncation": "truncate"})
-        if rec.state.value != "succeeded":
-            raise RuntimeError(f"tokenize job {rec.state.value}: {rec.error}")
-    finally:
-        redis.stop()
-
-
 def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path) -> None:
     """A drafter for ``steps`` steps; the target's hidden states are computed once per target layer set and
     read from the run's hidden-state cache after (``hidden_states: cache``), shared by every lever."""
-    from dfp_shared.specs.train import TrainSpec
-    from dfp_trainer.run import run_local
-    from dfp_trainer.settings import TrainerSettings
-
     cache = out.parent / f"hidden-cache-{dataset.name}-layers{recipe['num_draft_layers']}"
-    spec = TrainSpec.model_validate({
-        "dataset": f"file://{dataset}", "target": f"file://{model_dir}", "output": f"file://{out}",
-        "hidden_states": "cache", "hidden_state_cache": f"file://{cache}",
-        "steps": steps, "tokens_per_batch": 1024, "max_length": 1024, "warmup_ratio": 0.05,
-        "checkpoint_every": steps, "eval_prompts": 0, "seed": SEED, "exports": ["zlab"], "enable_thinking": False,
-        **recipe})
-    result = run_local(spec, TrainerSettings(storage_url=f"file://{out.parent}", target_url="inprocess"), resume=False)
-    if not result.completed:
-        raise RuntimeError("training stopped before its last step")
-
-
-def evaluate(model_dir: Path, drafter: Path, prompt_sets: list[Path], prompts: int, max_new_tokens: int,
-             out: Path) -> None:
-    from dfp_shared.specs.evaluate import EvaluateSpec
-    from dfp_trainer.evaluate.job import evaluate_job
-
-    spec = EvaluateSpec.model_validate({"drafter": f"file://{drafter}", "target": f"file://{model_dir}",
-                                        "prompts": [f"file://{p}" for p in prompt_sets], "output": f"file://{out}",
-                                        "max_prompts": prompts, "max_new_tokens": max_new_tokens,
-                                        "enable_thinking": False})
-    evaluate_job(spec, device="cpu")
+    bench_quality.train(model_dir, dataset, recipe, steps, out, max_length=1024, hidden_states="cache",
+                  hidden_state_cache=f"file://{cache}", enable_thinking=False)
 
 
 def both_sets(eval_dir: Path) -> tuple[dict, dict]:
@@ -184,9 +132,8 @@ def vllm_generation(model_dir: Path, prompts: Path, max_new_tokens: int, out: Pa
     server = VllmServer(ensure_env(), model_dir, out)
     server.start()
     try:
-        return generate(model_dir, prompts, max_new_tokens, out, openai_base_url=server.base_url + "/v1",
-                        openai_model=str(model_dir),
-                        spec={"engine": "openai", "openai_endpoint": "default"})
+        return generate(model_dir, prompts, max_new_tokens, out, spec={"engine": "openai", "openai_endpoint": "default"},
+                        openai_base_url=server.base_url + "/v1", openai_model=str(model_dir))
     finally:
         server.stop()
 

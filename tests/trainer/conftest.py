@@ -19,3 +19,22 @@ def tiny_dataset(tmp_path_factory, tiny_qwen3_dir, tiny_samples):
     """A file:// token dataset of 24 self-generated chats (prompt masked out, reply trained)."""
     root = tmp_path_factory.mktemp("tokens")
     return write_dataset(f"file://{root}", *tiny_samples, tiny_qwen3_dir)
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test (the workers' tests run beside others)."""
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture
+def target_server(tiny_qwen3_dir):
+    """The real gRPC target service on a loopback port, on the tiny target."""
+    from dfp_target.service import build
+    from dfp_target.settings import TargetSettings
+
+    server = build(TargetSettings(model=str(tiny_qwen3_dir), host="127.0.0.1", port=0, shm_dir="",
+                                  device="cpu")).start()
+    yield server
+    server.stop(grace=1)

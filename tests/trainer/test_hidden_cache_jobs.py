@@ -20,27 +20,10 @@ from dfp_trainer.worker import TrainHandler
 from safetensors.torch import load as st_load
 
 from tests.trainer.data_support import write_dataset
-from tests.trainer.train_support import cli, final_weights, subprocess_env, tiny_spec, torch_threads
+from tests.trainer.train_support import cli, final_weights, subprocess_env, tiny_spec
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 UNREACHABLE = "127.0.0.1:9"  # no target service listens here
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    with torch_threads(1):
-        yield
-
-
-@pytest.fixture
-def target_server(tiny_qwen3_dir):
-    """The real gRPC target service on a loopback port."""
-    from dfp_target.service import build
-    from dfp_target.settings import TargetSettings
-
-    server = build(TargetSettings(model=str(tiny_qwen3_dir), host="127.0.0.1", port=0, shm_dir="",
-                                  device="cpu")).start()
-    yield server
-    server.stop(grace=1)
 
 
 def run_one(redis_client, settings: TrainerSettings, job_type: str, spec: dict, owner: str | None = None):

@@ -16,25 +16,9 @@ from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler
 
 from tests.trainer.data_support import write_dataset
-from tests.trainer.train_support import cli, subprocess_env, tiny_spec, torch_threads
+from tests.trainer.train_support import cli, subprocess_env, tiny_spec
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    with torch_threads(1):
-        yield
-
-
-@pytest.fixture
-def target_server(tiny_qwen3_dir):
-    """The real gRPC target service on a loopback port."""
-    from dfp_target.service import build
-    from dfp_target.settings import TargetSettings
-
-    server = build(TargetSettings(model=str(tiny_qwen3_dir), host="127.0.0.1", port=0, shm_dir="",
-                                  device="cpu")).start()
-    yield f"127.0.0.1:{server.port}"
-    server.stop(grace=1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_worker_completes_a_train_job_and_reports_progress(redis_server, redis_client, s3_server, s3_bucket,
@@ -46,7 +30,7 @@ def test_worker_completes_a_train_job_and_reports_progress(redis_server, redis_c
                      eval_max_new_tokens=6, target_endpoint="grpc")
     job, _ = queue_job(redis_client, "train", spec)
     settings = TrainerSettings(redis_url=redis_server.url, s3_endpoint_url=s3_server.endpoint_url, device="cpu",
-                               progress_every_s=0.001, target_endpoints=json.dumps({"grpc": target_server}))
+                               progress_every_s=0.001, target_endpoints=json.dumps({"grpc": f"127.0.0.1:{target_server.port}"}))
     jobs = JobStore(redis_client)
     worker = Worker(TaskQueue(redis_client, "train", lease_ms=settings.lease_ms), jobs,
                     TrainHandler(settings, redis_client), heartbeat_s=0.5)

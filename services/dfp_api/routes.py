@@ -63,7 +63,8 @@ def _summary(rec: JobRecord) -> JobSummary:
                       **error_responses(401, 403, 409, 413, 422, 429, 503)})
 async def post_job(body: JobRequest, caller: Writing, r: SyncRedis, request: Request, response: Response,
                    idempotency_key: IdempotencyKey = None) -> Job:
-    """Submit a generate, tokenize, train, pipeline or evaluate job. Returns 201 (created) or 200 (replayed)."""
+    """Submit a generate, tokenize, train, pipeline, evaluate, cache or import_gguf job. Returns 201 (created) or 200
+    (replayed)."""
     try:  # strict, as the document states: no 0 for false, no "3" for 3
         body = STRICT_REQUEST.validate_json(await request.body(), strict=True)
     except ValidationError as exc:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from dfp_shared.job_types import JOB_TYPES, fed_fields
 from dfp_shared.jobs import JobState
-from dfp_shared.specs import CacheSpec, EvaluateSpec, GenerateSpec, TokenizeSpec, TrainSpec
+from dfp_shared.specs import CacheSpec, EvaluateSpec, GenerateSpec, ImportGGUFSpec, TokenizeSpec, TrainSpec
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 JobType = Enum("JobType", {name: name for name in JOB_TYPES}, type=str)
@@ -66,10 +66,11 @@ TrainJobRequest = _job_request("TrainJob", "train", TrainSpec)
 PipelineJobRequest = _job_request("PipelineJob", "pipeline", PipelineRequestSpec)
 EvaluateJobRequest = _job_request("EvaluateJob", "evaluate", EvaluateSpec)
 CacheJobRequest = _job_request("CacheJob", "cache", CacheSpec)
+ImportGGUFJobRequest = _job_request("ImportGGUFJob", "import_gguf", ImportGGUFSpec)
 
 JobRequest = Annotated[
     GenerateJobRequest | TokenizeJobRequest | TrainJobRequest | PipelineJobRequest | EvaluateJobRequest
-    | CacheJobRequest,
+    | CacheJobRequest | ImportGGUFJobRequest,
     Field(discriminator="type"),
 ]
 

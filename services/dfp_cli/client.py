@@ -106,7 +106,7 @@ class _SubmitGroup(click.Group):
 
 @click.group(cls=_SubmitGroup)
 def submit():
-    """Submit a job: generate, tokenize, train, pipeline or evaluate."""
+    """Submit a job: generate, tokenize, train, pipeline, evaluate, cache or import_gguf."""
 
 
 @click.command()

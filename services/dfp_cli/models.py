@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import click
 from dfp_shared.cli_support import with_settings
-from dfp_shared.config import CommonSettings
-from dfp_shared.gguf_import import DEFAULT_MAX_BYTES
-from pydantic import Field
-
-
-class ModelImportSettings(CommonSettings):
-    """Settings of a model import: the storage it reads and writes, and how large a file it takes."""
-
-    gguf_max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=1, le=1 << 42,
-                                description="Largest GGUF file an import reads, in bytes (checked before reading).")
+from dfp_shared.gguf_import import GGUFImportSettings
 
 
 @click.group(name="models")
@@ -22,15 +13,16 @@ def group():
 
 
 @group.command(name="import-gguf")
-@with_settings(ModelImportSettings, "models")
+@with_settings(GGUFImportSettings, "models")
 @click.option("--source", required=True, help="The GGUF file (file://, s3:// or a path inside the storage roots).")
 @click.option("--output", required=True, help="The model directory to write (a new prefix inside the storage roots).")
 @click.option("--owner", default=None, help="Principal that owns OUTPUT (as a job's owner); default: anonymous.")
-def import_gguf_command(source: str, output: str, owner: str | None, settings: ModelImportSettings):
+def import_gguf_command(source: str, output: str, owner: str | None, settings: GGUFImportSettings):
     """Import a GGUF file into a model directory (both inside the storage roots).
 
     The output gets safetensors weights (float32), config, tokenizer and chat template; the trainer, the target
-    service and the generation engine then load it like any Hugging Face checkpoint.
+    service and the generation engine then load it like any Hugging Face checkpoint. Through the API the same
+    import is an `import_gguf` job (`dflash-pipeline submit import_gguf --source ... --output ...`).
     """
     from dfp_shared.gguf_import import GGUFError, import_gguf
     from dfp_shared.storage import StorageError

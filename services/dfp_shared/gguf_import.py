@@ -7,25 +7,32 @@ import builds the plain architecture from the file's config, loads the de-quanti
 saves that, so every service then loads the target through :func:`dfp_shared.models.load_causal_lm` like
 any other checkpoint.
 
-The file is data, never code: its size is bounded before it is read, its header checked (magic, version,
-counts) before transformers parses it, its architecture must be one transformers maps to a built-in model
-class, and the result holds no code and no ``auto_map``. The destination lies inside the storage roots
-and is claimed for its principal like every job output.
+The file is data, never code: its size is bounded before it is read (an object in S3 by its length, before
+it is downloaded, and copied no further than that), its header checked (magic, version, counts) before
+transformers parses it, its architecture must be one transformers maps to a built-in model class, and the
+result holds no code and no ``auto_map``. The destination lies inside the storage roots and is claimed for its
+principal like every job output: by :func:`import_gguf` (the ``models import-gguf`` command), or by the worker's
+admission of an ``import_gguf`` job, which then runs :func:`import_claimed`, the import both share.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import shutil
 import struct
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import Field
+
+from .config import CommonSettings
 from .ownership import OutputClaims
-from .storage import ObjectStore, open_store, split_uri
+from .storage import RANGE_READ_SIZE, NotFound, ObjectStore, open_store, split_uri
 from .storage_roots import StorageRoots
 
 log = logging.getLogger(__name__)
@@ -41,6 +48,13 @@ class GGUFError(ValueError):
     """A GGUF file that cannot be imported; the message names the file and the reason."""
 
 
+class GGUFImportSettings(CommonSettings):
+    """Settings of whatever imports GGUF files (the ``models import-gguf`` command, the trainer workers)."""
+
+    gguf_max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=1, le=1 << 42,
+                                description="Largest GGUF file an import reads, in bytes (checked before reading).")
+
+
 @dataclass(frozen=True)
 class GGUFInfo:
     path: Path
@@ -50,32 +64,33 @@ class GGUFInfo:
     tensors: int
 
 
-def check_gguf(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> GGUFInfo:
+def check_gguf(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, name: str | None = None) -> GGUFInfo:
     """Check a GGUF file before anything parses it: size, magic, version, counts, then its architecture.
 
-    Raises GGUFError naming the file and what is wrong.
+    Raises GGUFError naming the file (as ``name``, e.g. its storage URI, when given) and what is wrong.
     """
     path = Path(path)
+    where = name or str(path)
     if not path.is_file():
-        raise GGUFError(f"{path}: not a file")
+        raise GGUFError(f"{where}: not a file")
     size = path.stat().st_size
     if size > max_bytes:
-        raise GGUFError(f"{path}: {size:,} bytes is over the import limit of {max_bytes:,} bytes")
+        raise GGUFError(f"{where}: {size:,} bytes is over the import limit of {max_bytes:,} bytes")
     with path.open("rb") as fh:
         head = fh.read(24)
     if len(head) < 24 or head[:4] != GGUF_MAGIC:
-        raise GGUFError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF')")
+        raise GGUFError(f"{where}: not a GGUF file (it does not start with the bytes 'GGUF')")
     version, tensors, metadata = struct.unpack("<IQQ", head[4:24])
     if version not in GGUF_VERSIONS:
-        raise GGUFError(f"{path}: GGUF version {version} is not supported (expected one of {GGUF_VERSIONS})")
+        raise GGUFError(f"{where}: GGUF version {version} is not supported (expected one of {GGUF_VERSIONS})")
     if tensors > MAX_TENSORS or metadata > MAX_METADATA:
-        raise GGUFError(f"{path}: header claims {tensors:,} tensors and {metadata:,} metadata entries "
+        raise GGUFError(f"{where}: header claims {tensors:,} tensors and {metadata:,} metadata entries "
                         f"(at most {MAX_TENSORS:,} and {MAX_METADATA:,})")
-    architecture = _architecture(path)
+    architecture = _architecture(path, where)
     return GGUFInfo(path=path, size=size, version=version, architecture=architecture, tensors=tensors)
 
 
-def _architecture(path: Path) -> str:
+def _architecture(path: Path, where: str) -> str:
     from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
@@ -84,21 +99,24 @@ def _architecture(path: Path) -> str:
         field = reader.fields.get("general.architecture")
         architecture = bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
     except Exception as exc:  # the reader raises whatever a malformed file provokes (ValueError, IndexError, ...)
-        raise GGUFError(f"{path}: malformed GGUF ({type(exc).__name__}: {exc})") from None
+        raise GGUFError(f"{where}: malformed GGUF ({type(exc).__name__}: {exc})") from None
     if not architecture:
-        raise GGUFError(f"{path}: no general.architecture in its metadata")
+        raise GGUFError(f"{where}: no general.architecture in its metadata")
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
-        raise GGUFError(f"{path}: architecture {architecture!r} has no built-in transformers model "
+        raise GGUFError(f"{where}: architecture {architecture!r} has no built-in transformers model "
                         f"(supported: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})")
     return architecture
 
 
-def convert_gguf(path: str | Path, out_dir: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Path:
-    """Write ``path`` (a GGUF file) as a safetensors Hugging Face directory ``out_dir`` (float32 weights)."""
+def convert_gguf(path: str | Path, out_dir: str | Path, max_bytes: int = DEFAULT_MAX_BYTES,
+                 name: str | None = None) -> Path:
+    """Write ``path`` (a GGUF file) as a safetensors Hugging Face directory ``out_dir`` (float32 weights);
+    errors name the file as ``name`` when given."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    info = check_gguf(path, max_bytes)
+    info = check_gguf(path, max_bytes, name)
+    where = name or str(info.path)
     folder, name = str(info.path.parent), info.path.name
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -107,21 +125,21 @@ def convert_gguf(path: str | Path, out_dir: str | Path, max_bytes: int = DEFAULT
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except (ValueError, KeyError, IndexError, TypeError, OSError) as exc:
-        raise GGUFError(f"{info.path}: transformers cannot read it ({type(exc).__name__}: {exc})") from None
+        raise GGUFError(f"{where}: transformers cannot read it ({type(exc).__name__}: {exc})") from None
     config.architectures = [type(loaded).__name__]
     config.dtype = torch.float32
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
-        raise GGUFError(f"{info.path}: its tensors do not fit {type(plain).__name__} "
+        raise GGUFError(f"{where}: its tensors do not fit {type(plain).__name__} "
                         f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     if config.tie_word_embeddings:
         plain.tie_weights()
     plain.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     if not tokenizer.chat_template:
-        log.warning("the GGUF file carries no chat template", extra={"file": str(info.path)})
+        log.warning("the GGUF file carries no chat template", extra={"file": where})
     _check_no_code(out)
     (out / "import.json").write_text(json.dumps({"source": info.path.name, "gguf_version": info.version,
                                                   "architecture": info.architecture, "bytes": info.size}, indent=1))
@@ -138,13 +156,26 @@ def _check_no_code(directory: Path) -> None:
         raise GGUFError("refusing a config with auto_map: an imported model loads without remote code")
 
 
-def _local_source(source: str, roots: StorageRoots, scratch: Path, endpoint_url: str | None) -> Path:
-    """The GGUF file as a local path (downloaded from object storage when needed)."""
+def _local_source(source: str, roots: StorageRoots, scratch: Path, endpoint_url: str | None, max_bytes: int) -> Path:
+    """The GGUF file as a local path: a local file where it is (inside the roots after resolving symlinks), an
+    object downloaded into ``scratch`` once its length is known to be within ``max_bytes``."""
     canonical = roots.check(source, "source")  # local paths: checked after resolving symlinks
     if canonical.startswith("file://"):
         return Path(os.path.realpath(canonical[len("file://"):]))
     root, key = split_uri(canonical)
-    return open_store(root, endpoint_url=endpoint_url).get_file(key, scratch / Path(key).name)
+    try:
+        stream = open_store(root, endpoint_url=endpoint_url).open_read(key)  # one HEAD: the length, no data
+    except NotFound as exc:
+        raise GGUFError(str(exc)) from None
+    dest = scratch / Path(key).name
+    with stream, dest.open("wb") as out:
+        size = stream.seek(0, io.SEEK_END)
+        if size > max_bytes:
+            raise GGUFError(f"{source}: {size:,} bytes is over the import limit of {max_bytes:,} bytes")
+        stream.seek(0)
+        # ranged reads end at the length the HEAD gave: no more than ``size`` bytes reach the disk
+        shutil.copyfileobj(stream, out, RANGE_READ_SIZE)
+    return dest
 
 
 def upload_dir(local: Path, store: ObjectStore) -> list[str]:
@@ -157,20 +188,48 @@ def upload_dir(local: Path, store: ObjectStore) -> list[str]:
     return keys
 
 
+PHASES = ("fetched", "converted", "written")
+"""What :func:`import_claimed` reports as it goes, in order."""
+
+
+def import_claimed(source: str, output: str, roots: StorageRoots, *, endpoint_url: str | None = None,
+                   max_bytes: int = DEFAULT_MAX_BYTES, work_dir: str | None = None,
+                   progress: Callable[..., None] | None = None) -> list[str]:
+    """Import the GGUF file ``source`` into the model directory ``output``, which the caller has claimed for
+    its principal; returns the keys written.
+
+    Both URIs are checked against ``roots`` again before any I/O. Scratch files (the downloaded file, the
+    converted model) live under ``work_dir`` (created if missing; default: the system temporary directory) and
+    are removed after.
+    ``progress(phase, **counts)`` is called after each of :data:`PHASES` (it may raise to stop the import
+    there): ``fetched`` with ``source_bytes``, ``written`` with ``files`` and ``output_bytes``.
+    """
+    report = progress or (lambda phase, **counts: None)
+    target = open_store(roots.check(output, "output"), endpoint_url=endpoint_url)
+    if work_dir:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dfp-gguf-", dir=work_dir or None) as tmp:
+        scratch = Path(tmp)
+        gguf_path = _local_source(source, roots, scratch, endpoint_url, max_bytes)
+        report("fetched", source_bytes=gguf_path.stat().st_size if gguf_path.is_file() else 0)
+        converted = convert_gguf(gguf_path, scratch / "model", max_bytes, name=source)  # checks it first
+        report("converted")
+        keys = upload_dir(converted, target)
+        written = sum(f.stat().st_size for f in converted.rglob("*") if f.is_file())
+    report("written", files=len(keys), output_bytes=written)
+    log.info("GGUF imported", extra={"source": source, "output": output, "files": len(keys), "bytes": written})
+    return keys
+
+
 def import_gguf(source: str, output: str, roots: StorageRoots, owner: str | None, *,
-                endpoint_url: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> list[str]:
-    """Import the GGUF file ``source`` into the model directory ``output``; returns the keys written.
+                endpoint_url: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
+                work_dir: str | None = None) -> list[str]:
+    """Import the GGUF file ``source`` into the model directory ``output`` (``models import-gguf``); returns
+    the keys written.
 
     Both URIs must lie inside ``roots``; ``output`` is claimed for ``owner`` like a job's output (a prefix
-    another principal owns, or that holds data no job wrote, is refused).
+    another principal owns, or that holds data no job wrote, is refused), then :func:`import_claimed` runs.
     """
     roots.check_explicit_output(output, "output")
     OutputClaims(roots, endpoint_url).claim(output, owner, job_id="import-gguf", field="output")
-    with tempfile.TemporaryDirectory(prefix="dfp-gguf-") as tmp:
-        scratch = Path(tmp)
-        gguf_path = _local_source(source, roots, scratch, endpoint_url)
-        converted = convert_gguf(gguf_path, scratch / "model", max_bytes)
-        keys = upload_dir(converted, open_store(roots.check(output, "output"), endpoint_url=endpoint_url))
-        shutil.rmtree(converted, ignore_errors=True)
-    log.info("GGUF imported", extra={"source": source, "output": output, "files": len(keys)})
-    return keys
+    return import_claimed(source, output, roots, endpoint_url=endpoint_url, max_bytes=max_bytes, work_dir=work_dir)

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from .specs import CacheSpec, EvaluateSpec, GenerateSpec, PipelineSpec, TokenizeSpec, TrainSpec
+from .specs import (
+    CacheSpec,
+    EvaluateSpec,
+    GenerateSpec,
+    ImportGGUFSpec,
+    PipelineSpec,
+    TokenizeSpec,
+    TrainSpec,
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,12 @@ EVALUATE = JobType("evaluate", EvaluateSpec, "prompts", TRAIN.stream)
 # cache jobs fill a hidden-state cache offline, on the trainer workers too (they hold the target's source)
 CACHE = JobType("cache", CacheSpec, "shards", TRAIN.stream)
 
-JOB_TYPES: dict[str, JobType] = {t.name: t for t in (GENERATE, TOKENIZE, TRAIN, PIPELINE, EVALUATE, CACHE)}
+# import_gguf jobs turn a GGUF file into a model directory, on the trainer workers too (torch, transformers, gguf);
+# progress by the import's phases (dfp_shared.gguf_import.PHASES)
+IMPORT_GGUF = JobType("import_gguf", ImportGGUFSpec, "phases", TRAIN.stream)
+
+JOB_TYPES: dict[str, JobType] = {t.name: t for t in (GENERATE, TOKENIZE, TRAIN, PIPELINE, EVALUATE, CACHE,
+                                                     IMPORT_GGUF)}
 
 
 def job_type(name: str) -> JobType:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from dfp_shared.config import CommonSettings
+from dfp_shared.gguf_import import GGUFImportSettings
 from dfp_shared.specs._names import DEFAULT, load_name_map
 from pydantic import Field, field_validator, model_validator
 
 DEFAULT_TARGET = DEFAULT
 
 
-class TrainerSettings(CommonSettings):
+class TrainerSettings(GGUFImportSettings):
+    """The trainer workers' settings (their ``import_gguf`` jobs read ``gguf_max_bytes``)."""
+
     target_url: str = Field("inprocess", min_length=1,
                             description="The hidden-state source named `default`: `inprocess` (target loaded here) or "
                                         "gRPC address(es), comma-separated.")

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from dfp_shared.job_flow import finish_job
-from dfp_shared.job_types import CACHE, EVALUATE, TRAIN
+from dfp_shared.job_types import CACHE, EVALUATE, IMPORT_GGUF, TRAIN
 from dfp_shared.jobs import JobState
 from dfp_shared.ownership import OutputClaims
 from dfp_shared.queue import Task
@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 from .cache_job import CacheHandler
 from .evaluate.handler import EvaluateHandler
 from .group import GroupRuns, TrainLease, rendezvous_args
+from .import_job import ImportGGUFHandler
 from .loop.data import DataError
 from .loop.prepare import TrainError
 from .run import run_local
@@ -47,7 +48,8 @@ log = logging.getLogger(__name__)
 
 class TrainHandler(JobHandler):
     """``handler(task, ctx)`` of the shared worker loop for the ``train`` stream (whose ``evaluate`` jobs
-    go to :class:`~.evaluate.handler.EvaluateHandler`, and ``cache`` jobs to :class:`~.cache_job.CacheHandler`)."""
+    go to :class:`~.evaluate.handler.EvaluateHandler`, ``cache`` jobs to :class:`~.cache_job.CacheHandler`,
+    and ``import_gguf`` jobs to :class:`~.import_job.ImportGGUFHandler`)."""
 
     def __init__(self, settings: TrainerSettings, redis_client):
         self.settings = settings
@@ -56,6 +58,7 @@ class TrainHandler(JobHandler):
         self.claims = OutputClaims(self.roots, settings.s3_endpoint_url)
         self.evaluate = EvaluateHandler(settings, redis_client)
         self.cache = CacheHandler(settings, redis_client)
+        self.import_gguf = ImportGGUFHandler(settings, redis_client, self.roots)
 
     def admit(self, task: Task, ctx: TaskContext) -> bool:
         """As every job task; a train job's hidden-state cache is claimed for its owner too, like an output."""
@@ -73,6 +76,9 @@ class TrainHandler(JobHandler):
             return
         if ctx.job_type is CACHE:
             self.cache(task, ctx)
+            return
+        if ctx.job_type is IMPORT_GGUF:
+            self.import_gguf(task, ctx)
             return
         spec: TrainSpec = ctx.spec
         lease = TrainLease(self.r, task.job_id, self._owner(), self.settings.lease_ms)

@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from dfp_shared.specs import CacheSpec, GenerateSpec, TokenizeSpec, TrainSpec
+from dfp_shared.specs import CacheSpec, GenerateSpec, ImportGGUFSpec, TokenizeSpec, TrainSpec
 from pydantic import BaseModel, ValidationError
 
 GEN = {"prompts": "file:///data/prompts.jsonl", "output": "file:///data/out", "model": "file:///models/tiny"}
@@ -17,7 +17,7 @@ BASE = {GenerateSpec: GEN, TokenizeSpec: TOK, TrainSpec: TRAIN}
 
 # fields whose rules are kept elsewhere (storage locations, endpoints, chat templates)
 NOT_HERE = {"prompts", "output", "model", "input", "tokenizer", "dataset", "target", "openai_base_url", "target_url",
-            "chat_template", "template_kwargs", "hidden_state_cache"}
+            "chat_template", "template_kwargs", "hidden_state_cache", "source"}
 
 
 def _errors(model: type[BaseModel], **fields) -> dict[tuple, str]:
@@ -135,7 +135,7 @@ def _bounded(prop: dict, schema: dict) -> list[str]:
     return missing
 
 
-@pytest.mark.parametrize("model", [GenerateSpec, TokenizeSpec, TrainSpec, CacheSpec])
+@pytest.mark.parametrize("model", [GenerateSpec, TokenizeSpec, TrainSpec, CacheSpec, ImportGGUFSpec])
 def test_schema_states_a_bound_for_every_field(model):
     schema = model.model_json_schema()
     gaps = {name: m for name, prop in schema["properties"].items()

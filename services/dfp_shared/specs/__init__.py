@@ -8,8 +8,9 @@ from __future__ import annotations
 from .cache import CacheSpec
 from .evaluate import EvaluateSpec
 from .generate import GenerateSpec
+from .import_gguf import ImportGGUFSpec
 from .pipeline import PipelineSpec
 from .tokenize import TokenizeSpec
 from .train import TrainSpec
 
-__all__ = ["CacheSpec", "EvaluateSpec", "GenerateSpec", "TokenizeSpec", "TrainSpec", "PipelineSpec"]
+__all__ = ["CacheSpec", "EvaluateSpec", "GenerateSpec", "ImportGGUFSpec", "TokenizeSpec", "TrainSpec", "PipelineSpec"]

@@ -52,9 +52,6 @@ def _bearer_token(request: Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-_QUERY_NAMES: dict[int, frozenset[str]] = {}
-
-
 def _reject_unknown_query(request: Request) -> None:
     """A query parameter the route does not declare is a 422, like an unknown body field."""
     if not request.query_params:
@@ -63,9 +60,12 @@ def _reject_unknown_query(request: Request) -> None:
     dependant = getattr(route, "dependant", None)
     if dependant is None:
         return
-    names = _QUERY_NAMES.get(id(route))
+    # kept on the route itself: a cache keyed by id() would answer for another app's route once this one is
+    # collected and its id reused (tests build many apps in one process)
+    names = getattr(route, "_declared_query_names", None)
     if names is None:
-        names = _QUERY_NAMES[id(route)] = frozenset(p.alias for p in dependant.query_params)
+        names = frozenset(p.alias for p in dependant.query_params)
+        route._declared_query_names = names
     unknown = sorted(set(request.query_params) - names)
     if unknown:
         raise RequestValidationError([{"loc": ("query", name), "msg": "unknown query parameter",

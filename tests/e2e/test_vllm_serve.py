@@ -123,6 +123,42 @@ def test_served_drafter_outputs_equal_greedy_and_acceptance_equals_the_projects(
     assert 1.0 <= result["project_tau"] <= project["acceptance_length"]
 
 
+def _assert_served_as_the_project_drafts(result) -> None:
+    assert all(r["prompt_equal"] for r in result["prompts"])  # the same chat template, thinking off
+    assert all(r["output_equal"] and r["speculative_equal"] for r in result["prompts"]), result["prompts"]
+    vllm, project = result["vllm"], result["project_whole_blocks"]
+    assert vllm["drafts"] == project["drafts"] > 0
+    assert vllm["accepted"] == project["accepted"] > 0
+    assert vllm["per_position"] == project["per_position"]
+    assert result["acceptance_equal"]
+
+
+@pytest.fixture(scope="module")
+def pruned_drafter(tmp_path_factory, servable_target):
+    """A drafter over a 512-token draft vocabulary chosen from its training data (its own head and d2t)."""
+    return _train_drafter(tmp_path_factory.mktemp("served-pruned-drafter"), servable_target, draft_vocab_size=512)
+
+
+def test_a_pruned_vocabulary_drafter_is_served_as_the_project_drafts(vllm_python, servable_target, pruned_drafter,
+                                                                    tmp_path):
+    """vLLM loads ``draft_vocab_size``, ``lm_head.weight`` and ``d2t`` and scatters the draft logits to their
+    target ids: outputs equal plain greedy, drafts and acceptance equal the project's decoder's."""
+    config = json.loads((pruned_drafter / "config.json").read_text())
+    assert config["draft_vocab_size"] == 512
+    (tmp_path / "logs").mkdir()
+    server = _serve(vllm_python, servable_target, pruned_drafter, tmp_path / "logs")
+    served = next(server)
+    try:
+        messages, ids = load_prompts(None, limit=6)
+        result = run_check(ServeCheck(servable_target, pruned_drafter, messages, ids, MAX_NEW_TOKENS, False, tmp_path),
+                           served)
+    finally:
+        next(server, None)
+    print(json.dumps({k: result[k] for k in ("vllm", "project_whole_blocks", "project_tau")}))
+    assert result["outputs_equal"]
+    _assert_served_as_the_project_drafts(result)
+
+
 def test_generate_job_with_the_openai_engine_equals_the_transformers_engine(served, servable_target, tmp_path,
                                                                            redis_server, redis_client):
     prompts = tmp_path / "prompts.jsonl"

@@ -77,3 +77,17 @@ def test_a_pruned_vocabulary_trains_reports_its_coverage_and_exports_the_targets
     assert set(required_token_ids(load_tokenizer(tiny_qwen3_dir), True)) <= set(ids.tolist())
     assert bool((ids[1:] > ids[:-1]).all())
     assert torch.equal(loaded.lm_head.weight, parts.lm_head.weight[ids])  # the target's rows, kept frozen
+
+
+def test_a_pruned_run_resumes_and_refuses_a_checkpoint_of_another_vocabulary(tmp_path, tiny_qwen3_dir, tiny_dataset):
+    settings = TrainerSettings(device="cpu", work_dir=str(tmp_path / "work"))
+
+    def spec(**fields):
+        return TrainSpec.model_validate(tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out",
+                                                  checkpoint_every=1, **fields))
+
+    assert run_local(spec(steps=2, draft_vocab_size=64), settings, resume=False).completed
+    resumed = run_local(spec(steps=3, draft_vocab_size=64), settings, resume=True)
+    assert resumed.completed and resumed.step == 3 and resumed.history[0]["step"] == 1  # continued, not restarted
+    with pytest.raises(TrainError, match="its draft vocabulary differs from the one this run chose"):
+        run_local(spec(steps=4, draft_vocab_size=96), settings, resume=True)

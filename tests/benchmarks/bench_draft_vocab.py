@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1, help="draft layers")
     ap.add_argument("--tokens", type=int, default=256, help="tokens per sequence")
     ap.add_argument("--sequences", type=int, default=2)
-    ap.add_argument("--anchors", type=int, default=16, help="anchors per sequence")
+    ap.add_argument("--anchors", type=int, default=64, help="anchors per sequence (the head's rows: anchors x (block - 1))")
     ap.add_argument("--block", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5, help="timed rounds (one step of each vocabulary) after a warm-up "
                                                       "round; each vocabulary's median counts")

@@ -37,8 +37,8 @@ class DFlashDrafter(nn.Module):
 
     def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear,
                  draft_ids: torch.Tensor | None = None) -> None:
-        """``draft_ids``: the target ids (ascending) of a pruned vocabulary's tokens; unset for a pruned config,
-        placeholders that a loaded ``state_dict`` replaces (:func:`~dfp_trainer.drafter.load.load_exported`)."""
+        """``draft_ids``: with ``config.draft_vocab_size``, the target ids (ascending) of the draft vocabulary's
+        tokens; left unset, placeholders that a loaded ``state_dict`` replaces (:func:`~.load.load_exported`)."""
         super().__init__()
         config.validate()
         rows, width = embed_tokens.weight.shape

@@ -10,7 +10,9 @@ speculation at the same draft length (``tau_ngram``),
 measured one, with ``tau_gap``, ``tau_gap_noise`` and ``train_serve_mismatch`` (:func:`predictions`),
 and ``heldout_trained`` / ``heldout_untrained``: loss, accuracy and accuracy per block position on the
 held-out samples; ``summary``: the training-batch loss and accuracy of the last steps, throughput,
-data-wait and communication shares; ``tau_curve``: τ over training steps), ``loss_curve.png``,
+data-wait and communication shares; ``tau_curve``: τ over training steps; ``draft_vocab``, with a pruned
+vocabulary: its size, the share of the training samples' trained target tokens it covers (``coverage``)
+and the required token ids), ``loss_curve.png``,
 ``position_accuracy.png`` and, with an evaluation, ``tau_curve.png`` (:mod:`.plots`).
 """
 
@@ -138,6 +140,8 @@ def finish_run(setup, drafter, history: list[dict], summary: dict) -> dict:
     report = {"summary": summary, "spec": spec.model_dump(mode="json"), "target_layer_ids": setup.layer_ids,
               "enable_thinking": spec.enable_thinking, "dataset_thinking": setup.dataset.thinking,
               "exports": uris, "serving": serving}
+    if setup.draft_vocab:
+        report["draft_vocab"] = setup.draft_vocab
     if config.evaluate and spec.eval_prompts:
         evaluation = {**evaluate_drafters(setup, drafter), **evaluate_heldout(setup, drafter)}
         report["evaluation"] = {**evaluation, **predictions(evaluation)}
@@ -150,6 +154,8 @@ def finish_run(setup, drafter, history: list[dict], summary: dict) -> dict:
         plots.append(("tau_curve.png", plot_tau(taus, report["evaluation"].get("tau_ngram"))))
     out.put_many([("report.json", json.dumps(report, indent=1).encode()), *plots])
     results = headline(summary, report.get("evaluation", {}))
+    if setup.draft_vocab:
+        results["draft_vocab_coverage"] = setup.draft_vocab["coverage"]
     log.info("training finished", extra={k: v for k, v in results.items() if v is not None})
     return {"drafter": uris["zlab"], **({"drafter_speculators": uris["speculators"]} if "speculators" in uris else {}),
             "report": base + "/report.json", "plots": [f"{base}/{name}" for name, _ in plots], "serving": serving,

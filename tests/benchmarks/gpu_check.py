@@ -3,7 +3,7 @@
 On CUDA (``make gpu-check``) it builds random-weight models at real shapes (a Qwen3-8B target, a
 5-layer DFlash drafter, the 151,936-token vocabulary; nothing downloaded), shrinks them when the
 device's memory is short, and measures the target forward, the drafter step (flex attention
-compiled vs SDPA), the training pipeline with the in-process target and with a colocated target
+compiled vs SDPA; and with pruned draft vocabularies beside the full head), the training pipeline with the in-process target and with a colocated target
 service over shared memory, the hidden-state transfer, generation with the transformers engine,
 from those rates the best split of an 8-GPU node, and last the hidden-state cache (filled in the
 target's dtype under the check's scratch directory, its per-sample read rate beside raw file reads,
@@ -396,6 +396,21 @@ def drafter_step(target, shape: Shape, device: torch.device, peak_tflops: float)
     out["trainer_backend"] = "flex" if device.type == "cuda" else "sdpa"  # what attention_backend="auto" picks
     del drafter, optim, params
     return out
+
+
+def draft_vocab(target, shape: Shape, device: torch.device) -> dict:
+    """The drafter step (SDPA) with the target's full LM head beside pruned draft vocabularies of 32,768, 8,192
+    and 64 rows (those below the vocabulary), labels in the smallest: ``bench_draft_vocab.draft_vocab_steps``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_draft_vocab", Path(__file__).with_name("bench_draft_vocab.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.draft_vocab_steps(target.get_input_embeddings(), target.get_output_embeddings(),
+                                   layers=shape.draft_layers, heads=shape.heads, kv_heads=shape.kv_heads,
+                                   head_dim=shape.head_dim, intermediate=shape.intermediate, block=shape.block,
+                                   anchors=shape.anchors, tokens=shape.tokens, steps=shape.steps, warmup=shape.warmup,
+                                   device=device)
 
 
 def pipeline(source, target, shape: Shape, device: torch.device, target_rate: float, step_rate: float,
@@ -815,6 +830,7 @@ def check(args) -> dict:
         model_dir = save_config(model, Path(tmp) / "target")
         fwd = run.stage("target_forward", target_forward, model, model_dir, shape, device, pk["tflops"]) or {}
         step = run.stage("drafter_step", drafter_step, model, shape, device, pk["tflops"]) or {}
+        run.stage("draft_vocab", draft_vocab, model, shape, device)
         t_rate = fwd.get("tokens_per_s", float("nan"))
         s_rate = step.get(step.get("trainer_backend", "sdpa"), {}).get("tokens_per_s", float("nan"))
         local = InProcessTarget(model_dir, model=model, layer_ids=layer_ids(shape),
@@ -866,6 +882,12 @@ def table(report: dict) -> str:
         rows.append((f"drafter step {name}", _fmt(row.get("tokens_per_s"), "tok/s"),
                      f"MFU {_fmt(row.get('mfu'))}, {_fmt(row.get('step_s'))} s/step, peak "
                      f"{_fmt(row.get('peak_memory_gib'), 'GiB')}, warm-up {_fmt(row.get('warmup_s'), 's')}"))
+    dv = r.get("draft_vocab", {})
+    for size in ("32768", "8192", "64"):
+        if size in dv:
+            rows.append((f"drafter step, {size}-row vocab", _fmt(dv[size].get("tokens_per_s"), "tok/s"),
+                         f"{_fmt(dv.get('speedup', {}).get(size))}x the full {dv.get('vocab')}-row head "
+                         f"({_fmt(dv.get('full', {}).get('tokens_per_s'))} tok/s); draft_vocab_size"))
     rows += [
         ("flex vs SDPA", _fmt(st.get("flex_vs_sdpa"), "x"), "the trainer picks flex on CUDA (compiled)"),
         ("bf16 autocast vs fp32", _fmt(st.get("autocast_vs_fp32"), "x"),

@@ -22,6 +22,9 @@ POSITIVE = {
     "drafter_step.sdpa": ["tokens_per_s", "step_s", "mfu"],
     "drafter_step.flex": ["tokens_per_s", "step_s", "mfu"],
     "drafter_step.sdpa_bf16_autocast": ["tokens_per_s", "step_s", "mfu"],
+    "draft_vocab": ["vocab", "rows_per_step"],
+    "draft_vocab.full": ["tokens_per_s", "step_s"],
+    "draft_vocab.64": ["tokens_per_s", "step_s"],
     "pipeline_inprocess": ["tokens_per_s", "vs_target_forward", "vs_one_gpu_bound", "one_gpu_bound_tokens_per_s"],
     "pipeline_colocated": ["tokens_per_s", "vs_target_forward", "vs_one_gpu_bound", "shm_bytes", "calls"],
     "transfer": ["device_to_host_gbps", "host_to_shm_gbps", "shm_to_pinned_host_gbps", "pinned_host_to_device_gbps",
@@ -94,6 +97,7 @@ def test_cpu_rehearsal_writes_every_figure(tmp_path):
     for stage in POSITIVE:
         assert stage.split(".")[0] in report["stage_seconds"]
     assert "8-GPU node split" in proc.stdout and str(out) in proc.stdout
+    assert "drafter step, 64-row vocab" in proc.stdout  # the pruned head beside the full one
 
 
 def test_cache_stage_skips_with_a_note_when_the_budget_is_spent(tmp_path, monkeypatch):

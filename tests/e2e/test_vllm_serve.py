@@ -9,6 +9,7 @@ saying why; with CI=true they run (and fail if vLLM cannot be had).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ import sys
 
 import httpx
 import pytest
-from dfp_dev.serving.check import ServeCheck, drafter_block_size, load_prompts, run_check
+from dfp_dev.serving.check import ServeCheck, drafter_block_size, load_prompts, reference_decode, run_check
 from dfp_dev.serving.vllm_server import VllmServer, live_group_members
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
@@ -87,15 +88,23 @@ def trained_drafter(tmp_path_factory, servable_target):
     return _train_drafter(tmp_path_factory.mktemp("served-drafter"), servable_target)
 
 
-def _serve(vllm_python, target, drafter, logs):
-    """One vLLM server of the target with the drafter as DFlash speculator; no process outlives it."""
-    server = VllmServer(vllm_python, target, logs, drafter_dir=drafter,
-                        num_speculative_tokens=drafter_block_size(drafter) - 1)
+@contextlib.contextmanager
+def _running(server: VllmServer):
+    """``server`` started, then stopped; no process outlives it."""
     server.start()
-    yield server
-    leader = server.group.procs[server.name].pid
-    server.stop()
+    try:
+        yield server
+    finally:
+        leader = server.group.procs[server.name].pid
+        server.stop()
     assert live_group_members(leader) == []  # the whole process group is gone: engine and workers too
+
+
+def _serve(vllm_python, target, drafter, logs):
+    """One vLLM server of the target with the drafter as DFlash speculator."""
+    with _running(VllmServer(vllm_python, target, logs, drafter_dir=drafter,
+                             num_speculative_tokens=drafter_block_size(drafter) - 1)) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +130,44 @@ def test_served_drafter_outputs_equal_greedy_and_acceptance_equals_the_projects(
     assert result["acceptance_equal"]
     # the project's own tau cuts the last block at the budget: never above the whole-block count
     assert 1.0 <= result["project_tau"] <= project["acceptance_length"]
+
+
+def _assert_served_as_the_project_drafts(result) -> None:
+    assert all(r["prompt_equal"] for r in result["prompts"])  # the same chat template, thinking off
+    assert all(r["output_equal"] and r["speculative_equal"] for r in result["prompts"]), result["prompts"]
+    vllm, project = result["vllm"], result["project_whole_blocks"]
+    assert vllm["drafts"] == project["drafts"] > 0
+    assert vllm["accepted"] == project["accepted"] > 0
+    assert vllm["per_position"] == project["per_position"]
+    assert result["acceptance_equal"]
+
+
+@pytest.fixture(scope="module")
+def pruned_drafter(tmp_path_factory, servable_target):
+    """A drafter over a 512-token draft vocabulary chosen from its training data (its own head and d2t)."""
+    return _train_drafter(tmp_path_factory.mktemp("served-pruned-drafter"), servable_target, draft_vocab_size=512)
+
+
+def test_a_pruned_vocabulary_drafter_is_served_as_the_project_drafts(vllm_python, servable_target, pruned_drafter,
+                                                                    tmp_path):
+    """vLLM loads ``draft_vocab_size``, ``lm_head.weight`` and ``d2t`` from either export layout and scatters the
+    draft logits to their target ids: outputs equal plain greedy, drafts and acceptance equal the project's."""
+    speculators = pruned_drafter.parent / "drafter-speculators"
+    for layout in (pruned_drafter, speculators):
+        assert json.loads((layout / "config.json").read_text())["draft_vocab_size"] == 512
+    messages, ids = load_prompts(None, limit=6)
+    check = ServeCheck(servable_target, pruned_drafter, messages, ids, MAX_NEW_TOKENS, False, tmp_path)
+    reference = reference_decode(check)
+    servers = {"zlab": VllmServer(vllm_python, servable_target, tmp_path, drafter_dir=pruned_drafter,
+                                  num_speculative_tokens=drafter_block_size(pruned_drafter) - 1, name="vllm-zlab"),
+               # the speculators layout names its verifier (the target) and its draft length itself
+               "speculators": VllmServer(vllm_python, speculators, tmp_path, name="vllm-speculators")}
+    for layout, server in servers.items():
+        with _running(server) as served:
+            result = run_check(check, served, reference)
+        print(layout, json.dumps({k: result[k] for k in ("vllm", "project_whole_blocks", "project_tau")}))
+        assert result["outputs_equal"], layout
+        _assert_served_as_the_project_drafts(result)
 
 
 def test_generate_job_with_the_openai_engine_equals_the_transformers_engine(served, servable_target, tmp_path,

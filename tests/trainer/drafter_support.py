@@ -34,12 +34,15 @@ def small_config(**overrides) -> DrafterConfig:
     return DrafterConfig(**fields)
 
 
-def small_drafter(seed: int = 0, **overrides) -> DFlashDrafter:
+def small_drafter(seed: int = 0, draft_ids: torch.Tensor | None = None, **overrides) -> DFlashDrafter:
+    """A drafter of :func:`small_config`; with ``draft_ids``, over that pruned vocabulary (its own head)."""
     torch.manual_seed(seed)
+    if draft_ids is not None:
+        overrides["draft_vocab_size"] = draft_ids.numel()
     cfg = small_config(**overrides)
     embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
     head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-    return DFlashDrafter(cfg, embed, head)
+    return DFlashDrafter(cfg, embed, head, draft_ids)
 
 
 def chat_prompts(start: int, count: int) -> list[list[dict]]:

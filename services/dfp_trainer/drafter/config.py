@@ -48,6 +48,7 @@ class DrafterConfig:
     sliding_window: int | None = None  # window (tokens) of sliding-attention layers
     attention_bias: bool = False  # bias on q/k/v/o projections
     rope_parameters: dict[str, Any] | None = None  # the target's RoPE (transformers 5 naming); unset: default RoPE
+    draft_vocab_size: int | None = None  # rows of the drafter's own LM head (a pruned vocabulary); None: the target's
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -55,6 +56,8 @@ class DrafterConfig:
         self.layer_types = list(self.layer_types)
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         self.rope_parameters = _qwen3_rope(self.rope_parameters, self.rope_theta, self.max_position_embeddings)
+        if self.draft_vocab_size is not None and int(self.draft_vocab_size) == self.vocab_size:
+            self.draft_vocab_size = None  # every row: the target's own head, no mapping
         self.validate()
 
     def validate(self) -> None:
@@ -74,6 +77,9 @@ class DrafterConfig:
         if self.mask_token_id is None or not 0 <= int(self.mask_token_id) < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is not a token of the target's vocabulary "
                              f"(size {self.vocab_size}); add the mask token to the target's tokenizer")
+        if self.draft_vocab_size is not None and not 1 <= int(self.draft_vocab_size) <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} asks for more rows than the target's "
+                             f"vocabulary has ({self.vocab_size}); ask for at most {self.vocab_size}")
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
         unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
@@ -89,6 +95,11 @@ class DrafterConfig:
     def num_context_features(self) -> int:
         return len(self.target_layer_ids)
 
+    @property
+    def pruned(self) -> bool:
+        """Whether the drafter drafts over a pruned vocabulary with its own LM head (see :mod:`.vocab`)."""
+        return self.draft_vocab_size is not None
+
     def qwen3_config(self) -> Qwen3Config:
         """The transformers config of the draft layers (what the Qwen3 modules read and ``config.json`` states)."""
         sliding = SLIDING in self.layer_types
@@ -101,7 +112,7 @@ class DrafterConfig:
             attention_bias=self.attention_bias, attention_dropout=0.0, tie_word_embeddings=False,
             layer_types=list(self.layer_types), use_sliding_window=sliding,
             sliding_window=self.sliding_window if sliding else None, max_window_layers=self.num_hidden_layers,
-            use_cache=False)
+            use_cache=False, **({"draft_vocab_size": self.draft_vocab_size} if self.pruned else {}))
 
     def causality_fields(self) -> dict[str, Any]:
         """The ``config.json`` fields that make vLLM and SGLang attend as :func:`~dfp_trainer.drafter.modeling_dflash.visible`.
@@ -126,6 +137,7 @@ class DrafterConfig:
         return {"architectures": [ARCHITECTURE], "model_type": "qwen3", "auto_map": {"AutoModel": AUTO_MODEL},
                 **{name: getattr(qwen3, name) for name in _QWEN3_KEYS},
                 "rope_theta": self.rope_theta, **causality, "block_size": self.block_size,
+                **({"draft_vocab_size": self.draft_vocab_size} if self.pruned else {}),
                 "num_target_layers": self.num_target_layers, "dflash_config": dflash, "dtype": dtype}
 
     @classmethod
@@ -147,7 +159,8 @@ class DrafterConfig:
                       mask_token_id=dflash["mask_token_id"],
                       block_size=int(dflash.get("block_size", data.get("block_size", 16))),
                       layer_types=data.get("layer_types") or [], sliding_window=data.get("sliding_window"),
-                      attention_bias=bool(data.get("attention_bias", False)))
+                      attention_bias=bool(data.get("attention_bias", False)),
+                      draft_vocab_size=data.get("draft_vocab_size"))
         try:
             return cls(**fields)
         except ValueError as exc:
@@ -156,7 +169,7 @@ class DrafterConfig:
     @classmethod
     def for_target(cls, target_config: Any, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None,
                    target_layer_ids: list[int] | None = None, layer_types: list[str] | None = None,
-                   sliding_window: int | None = None) -> DrafterConfig:
+                   sliding_window: int | None = None, draft_vocab_size: int | None = None) -> DrafterConfig:
         """A drafter config sized to a target (a HF config object or its ``config.json`` dict), with its RoPE."""
         cfg = _ConfigView(target_config, "target config")
         num_target_layers = int(cfg.get("num_hidden_layers"))
@@ -172,7 +185,8 @@ class DrafterConfig:
             target_layer_ids = default_target_layer_ids(num_target_layers, num_layers)
         return cls(**_shape_fields(cfg), num_hidden_layers=num_layers, num_target_layers=num_target_layers,
                    target_layer_ids=list(target_layer_ids), mask_token_id=int(mask_token_id), block_size=block_size,
-                   layer_types=list(layer_types or []), sliding_window=sliding_window)
+                   layer_types=list(layer_types or []), sliding_window=sliding_window,
+                   draft_vocab_size=draft_vocab_size)
 
 
 class _ConfigView:

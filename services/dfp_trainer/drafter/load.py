@@ -37,7 +37,13 @@ def load_exported(out_dir: str | os.PathLike, embed_tokens: nn.Embedding, lm_hea
         if tensor.shape != expected[name].shape:
             raise ValueError(f"{weights}: tensor {name} has shape {tuple(tensor.shape)}, expected "
                              f"{tuple(expected[name].shape)}")
-    drafter.to(next(iter(state.values())).dtype)
+    if "d2t" in state:
+        targets = state["d2t"].long() + torch.arange(state["d2t"].numel())
+        if bool((targets < 0).any() or (targets >= drafter.config.vocab_size).any()) or \
+                targets.unique().numel() != targets.numel():
+            raise ValueError(f"{weights}: d2t does not map the draft ids to distinct tokens of the target's "
+                             f"{drafter.config.vocab_size}")
+    drafter.to(state["fc.weight"].dtype)
     drafter.load_state_dict(state)
     if device is not None:
         drafter.to(device)

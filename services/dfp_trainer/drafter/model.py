@@ -8,6 +8,11 @@ hold them). Module attribute names follow the public reference module tree, so `
 already the export format (``layers.{i}.self_attn.q_proj.weight`` ... ``fc.weight``,
 ``hidden_norm.weight``). Its configuration is :class:`~dfp_trainer.drafter.config.DrafterConfig`.
 
+With a pruned vocabulary (``draft_vocab_size``, :mod:`dfp_trainer.drafter.vocab`) the drafter owns an LM head
+of the target's rows of its draft vocabulary, frozen as the target's head is (the draft layers learn to read
+the target's head; the pruned one is that head restricted), and the ``d2t`` buffer; both are in
+``state_dict()`` as ``lm_head.weight`` and ``d2t``, the names vLLM loads.
+
 Shapes: S = sequences, Q = block tokens per sequence (all blocks of a sequence side by side),
 C = context positions, H = hidden size, K = number of target layers.
 """
@@ -23,13 +28,17 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .attention import AttentionMasks, attention_fn
 from .config import DrafterConfig
-from .modeling_dflash import add_draft_modules, draft_hidden
+from .modeling_dflash import add_draft_head, add_draft_modules, draft_hidden, draft_to_target
+from .vocab import d2t_of, target_to_draft
 
 
 class DFlashDrafter(nn.Module):
     """DFlash draft model over a frozen target embedding and LM head."""
 
-    def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> None:
+    def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear,
+                 draft_ids: torch.Tensor | None = None) -> None:
+        """``draft_ids``: with ``config.draft_vocab_size``, the target ids (ascending) of the draft vocabulary's
+        tokens; left unset, placeholders that a loaded ``state_dict`` replaces (:func:`~.load.load_exported`)."""
         super().__init__()
         config.validate()
         rows, width = embed_tokens.weight.shape
@@ -44,6 +53,24 @@ class DFlashDrafter(nn.Module):
         lm_head.requires_grad_(False)
         self._target = (embed_tokens, lm_head)  # a tuple: frozen and not registered
         self.reset_parameters()
+        self._add_pruned_head(draft_ids)
+
+    def _add_pruned_head(self, draft_ids: torch.Tensor | None) -> None:
+        holder = nn.Module()
+        if not add_draft_head(holder, self.config.qwen3_config()):
+            if draft_ids is not None:
+                raise ValueError("draft_ids given for a drafter without draft_vocab_size")
+            return
+        size = self.config.draft_vocab_size
+        ids = torch.arange(size) if draft_ids is None else draft_ids.to("cpu", torch.long)
+        if ids.shape != (size,) or bool((ids[1:] <= ids[:-1]).any()) or not 0 <= int(ids[0]) <= int(ids[-1]) < \
+                self.config.vocab_size:
+            raise ValueError(f"draft_ids must be {size} ascending target ids below {self.config.vocab_size}")
+        target = self._target[1].weight
+        head = holder.lm_head.to(target.device, target.dtype).requires_grad_(False)
+        head.weight.copy_(target.detach()[ids.to(target.device)])
+        self._modules["lm_head"] = head  # registered under the export's name; the lm_head property reads it
+        self.register_buffer("d2t", d2t_of(ids).to(target.device))
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -51,6 +78,12 @@ class DFlashDrafter(nn.Module):
 
     @property
     def lm_head(self) -> nn.Linear:
+        """The LM head the drafter drafts with: its own over a pruned vocabulary, else the target's."""
+        own = self._modules.get("lm_head")
+        return self._target[1] if own is None else own
+
+    @property
+    def target_lm_head(self) -> nn.Linear:
         return self._target[1]
 
     @property
@@ -108,4 +141,13 @@ class DFlashDrafter(nn.Module):
                             attention_fn(masks))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the drafter's vocabulary: draft ids with a pruned one (map them by :meth:`to_target`)."""
         return self.lm_head(hidden.to(self.lm_head.weight.dtype))
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids of ids of :meth:`logits` (draft ids under a pruned vocabulary; else themselves)."""
+        return draft_to_target(self.d2t, ids) if self.config.pruned else ids
+
+    def label_map(self) -> torch.Tensor | None:
+        """(vocab_size,) draft id of each target token (-1 outside) under a pruned vocabulary; else None."""
+        return target_to_draft(self.d2t, self.config.vocab_size) if self.config.pruned else None

@@ -17,6 +17,10 @@ position ``a`` sees, by layer type (what vLLM's and SGLang's DFlash models compu
   causal inside the block, and context within the window. vLLM: causal when neither ``is_causal`` nor
   ``dflash_config.causal`` is set and ``layer_types[i]`` is sliding, ``per_layer_sliding_window = w``;
   SGLang: ``DECODER`` attention with ``window_left = w - 1``.
+
+A drafter with a pruned vocabulary (``draft_vocab_size`` below ``vocab_size``) carries its own ``lm_head``
+(``draft_vocab_size`` rows) and ``d2t`` (int64): draft id ``i`` is the target's token ``i + d2t[i]``, as
+vLLM reads them; :meth:`DFlashDraftModel.target_logits` and :meth:`DFlashDraftModel.draft_tokens` apply it.
 """
 
 from __future__ import annotations
@@ -103,6 +107,23 @@ def add_draft_modules(model: nn.Module, config: Qwen3Config, num_context_feature
     model.rotary = Qwen3RotaryEmbedding(config)
 
 
+def draft_to_target(d2t: torch.Tensor, draft_ids: torch.Tensor) -> torch.Tensor:
+    """The target's token ids of ``draft_ids`` under a pruned vocabulary's ``d2t``: ``draft id + d2t[draft id]``."""
+    return draft_ids + d2t[draft_ids]
+
+
+def add_draft_head(model: nn.Module, config) -> bool:
+    """A pruned vocabulary's own ``lm_head`` (``draft_vocab_size`` rows, set from the target's rows of its
+    tokens) and ``d2t``, as attributes of ``model``, when ``config.draft_vocab_size`` is below
+    ``config.vocab_size``; returns whether it added them (False: the target's LM head drafts)."""
+    size = getattr(config, "draft_vocab_size", None)
+    if size is None or int(size) == int(config.vocab_size):
+        return False
+    model.lm_head = nn.Linear(config.hidden_size, int(size), bias=False)
+    model.register_buffer("d2t", torch.zeros(int(size), dtype=torch.long))
+    return True
+
+
 def draft_hidden(model: nn.Module, x, target_hidden, context_positions, block_positions, attention):
     """Draft hidden states (S, Q, H) of block embeddings ``x`` (S, Q, H) after the context features
     ``target_hidden`` (S, C, K*H), through the modules :func:`add_draft_modules` gave ``model``;
@@ -139,7 +160,9 @@ class DFlashDraftModel(PreTrainedModel):
     target's embedding of one block (anchor token, then mask tokens); ``target_hidden`` (S, C, K*H)
     the target's layer outputs ``dflash_config.target_layer_ids`` of the context, concatenated;
     ``position_ids`` (S, C+Q) the context's positions then the block's. Returns the draft hidden
-    states (S, Q, H); the target's LM head turns them into logits.
+    states (S, Q, H); :meth:`target_logits` turns them into logits over the target's vocabulary (the
+    target's LM head, or the drafter's own pruned one scattered to its target ids), :meth:`draft_tokens`
+    into the drafted tokens.
     """
 
     config_class = Qwen3Config
@@ -154,7 +177,26 @@ class DFlashDraftModel(PreTrainedModel):
         self.mask_token_id = int(dflash["mask_token_id"])
         self.target_layer_ids = [int(i) for i in dflash["target_layer_ids"]]
         add_draft_modules(self, config, len(self.target_layer_ids))
+        self.pruned = add_draft_head(self, config)
         self.post_init()
+
+    def target_logits(self, hidden: torch.Tensor, target_lm_head: nn.Module | None = None) -> torch.Tensor:
+        """Logits (..., vocab_size) over the target's vocabulary: with a pruned vocabulary the own head's,
+        at ``draft id + d2t`` and -inf at every other token (what vLLM computes); else ``target_lm_head``'s."""
+        if not self.pruned:
+            if target_lm_head is None:
+                raise ValueError("this drafter drafts with the target's LM head: pass it as target_lm_head")
+            return target_lm_head(hidden)
+        draft = self.lm_head(hidden)
+        full = draft.new_full((*draft.shape[:-1], int(self.config.vocab_size)), float("-inf"))
+        full[..., draft_to_target(self.d2t, torch.arange(draft.shape[-1], device=draft.device))] = draft
+        return full
+
+    def draft_tokens(self, hidden: torch.Tensor, target_lm_head: nn.Module | None = None) -> torch.Tensor:
+        """The drafted target token ids (...,): the argmax of the drafter's logits, mapped by ``d2t``."""
+        if not self.pruned:
+            return self.target_logits(hidden, target_lm_head).argmax(-1)
+        return draft_to_target(self.d2t, self.lm_head(hidden).argmax(-1))
 
     def forward(self, noise_embedding: torch.Tensor, target_hidden: torch.Tensor,
                 position_ids: torch.Tensor) -> torch.Tensor:

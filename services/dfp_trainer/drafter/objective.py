@@ -17,6 +17,10 @@ derivative of the block's expected accepted length ``sum_m prod_{i <= m} q_i`` w
 ``log q_k`` (with the smoothing). A position that is not trained stops the products, as it stops
 acceptance. The weighted sum is normalised by the number of blocks with a trained position, so
 the credit mass (expected accepted length) is kept rather than divided out.
+
+A drafter with a pruned vocabulary (:mod:`.vocab`) is trained on draft ids through its own head; a trained
+position whose label is outside its vocabulary is left out of the loss (and stops D-PACE's products, as it
+stops acceptance), scored as wrong in the accuracies, and counted as ``out_of_vocab``.
 """
 
 from __future__ import annotations
@@ -130,16 +134,23 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
         noise = torch.randn(target_hidden.shape, generator=generator, device=gen_dev, dtype=torch.float32)
         target_hidden = target_hidden + (noise_std * noise).to(dev, target_hidden.dtype)
 
+    scored = weights > 0  # (S, N, B) trained positions: the accuracies count them all
+    flat_labels, out_of_vocab = labels.reshape(-1), 0.0
+    label_map = model.label_map()
+    if label_map is not None:  # draft ids; positions without one cannot be drafted right: no loss there
+        flat_labels = label_map[flat_labels]
+        weights = weights * (flat_labels >= 0).view_as(weights)
+        out_of_vocab = float((scored & (weights == 0)).sum())
+        flat_labels = flat_labels.clamp(min=0)
     flat_w = weights.reshape(-1)
     rows = flat_w.nonzero().squeeze(1)
     masks = training_masks(anchors, b, t, cfg.layer_types, cfg.sliding_window, attention_backend)
     hidden = drafter(block_ids.view(s, n * b), positions.view(s, n * b), target_hidden,
                      torch.arange(t, device=dev), masks)  # (S, N*B, H)
     if rows.numel() == 0:  # a zero loss that still reaches every parameter (DDP expects all gradients)
-        empty = torch.zeros(0, b, device=dev)
-        return hidden.sum() * 0.0, _metrics(0.0, 0.0, empty, empty, 0, b)
+        blocks = scored.view(s * n, b).float() if out_of_vocab else torch.zeros(0, b, device=dev)
+        return hidden.sum() * 0.0, _metrics(0.0, 0.0, torch.zeros_like(blocks), blocks, 0, b, out_of_vocab)
     hidden = hidden.reshape(s * n * b, -1)
-    flat_labels = labels.reshape(-1)
     ce_parts = []
     correct = torch.zeros_like(flat_w)
     for start in range(0, rows.numel(), logits_chunk):
@@ -161,12 +172,12 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     else:
         row_w, norm = flat_w[rows], flat_w.sum()
     value = (ce_rows * row_w).sum() / norm
-    return value, _metrics(float(value.detach()), float(norm), correct.view(s * n, b), trained.float(),
-                           int(valid.sum()), b)
+    return value, _metrics(float(value.detach()), float(norm), correct.view(s * n, b), scored.view(s * n, b).float(),
+                           int(valid.sum()), b, out_of_vocab)
 
 
 def _metrics(loss: float, weight_sum: float, correct: torch.Tensor, trained: torch.Tensor, num_blocks: int,
-             b: int) -> dict:
+             b: int, out_of_vocab: float = 0.0) -> dict:
     """Accuracy overall and per block position 1..B-1, and the expected accepted length of the blocks."""
     correct = correct * trained
     pos_correct = correct[:, 1:].sum(0).tolist() if correct.numel() else [0.0] * (b - 1)
@@ -187,6 +198,7 @@ def _metrics(loss: float, weight_sum: float, correct: torch.Tensor, trained: tor
         "accepted_sum": float(accepted.sum()) if accepted.numel() else 0.0,
         "per_position_correct": [float(c) for c in pos_correct],
         "per_position_count": [float(n) for n in pos_count],
+        "out_of_vocab": out_of_vocab,
     }
 
 

@@ -1,7 +1,8 @@
 """The files both export layouts write.
 
 ``model.safetensors``, the drafter's ``state_dict`` (``layers.{i}.self_attn.*``,
-``layers.{i}.mlp.*``, norms, ``norm``, ``fc``, ``hidden_norm``), no embeddings, no LM head.
+``layers.{i}.mlp.*``, norms, ``norm``, ``fc``, ``hidden_norm``), no embeddings; no LM head, except a pruned vocabulary's own (``lm_head.weight``) with its
+``d2t`` (int64, kept so: only floating tensors take the export's dtype).
 Every file is written beside itself first and renamed into place.
 """
 
@@ -23,8 +24,9 @@ def write_weights(model: nn.Module, out_dir: str | os.PathLike, dtype: torch.dty
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = model.state_dict()
-    dtype = dtype or next(iter(state.values())).dtype
-    tensors = {name: t.detach().to("cpu", dtype).contiguous() for name, t in state.items()}
+    dtype = dtype or next(t.dtype for t in state.values() if t.is_floating_point())
+    tensors = {name: t.detach().to("cpu", dtype if t.is_floating_point() else t.dtype).contiguous()
+               for name, t in state.items()}
     tmp = out / "model.safetensors.part"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, out / "model.safetensors")

@@ -41,6 +41,10 @@ def serving_commands(config: DrafterConfig, target: str, drafter: str, speculato
     if SLIDING in config.layer_types:
         commands["note"] = (f"sliding layers (window {config.sliding_window}) are causal within the window in "
                             f"training, in vLLM and in SGLang; full layers attend to their whole block")
+    if config.pruned:
+        commands["vocab_note"] = (f"pruned draft vocabulary: {config.draft_vocab_size} of {config.vocab_size} tokens "
+                                  f"(lm_head.weight and d2t in the weights; vLLM reads them, SGLang's reading of them is "
+                                  f"not checked here)")
     return commands
 
 
@@ -54,5 +58,5 @@ target = AutoModelForCausalLM.from_pretrained("{target}")
 block = torch.full((1, drafter.block_size), drafter.mask_token_id)
 # block[0, 0] = anchor; features = torch.cat([out.hidden_states[i + 1] for i in drafter.target_layer_ids], -1)
 # hidden = drafter(target.get_input_embeddings()(block), features, positions)
-# draft_logits = target.lm_head(hidden)[:, 1:]
+# drafts = drafter.draft_tokens(hidden, target.lm_head)[0, 1:]  # a pruned vocabulary's own head, mapped by d2t
 """

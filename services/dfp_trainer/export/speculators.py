@@ -7,7 +7,9 @@ capture points precede a layer), so they are the project's ``target_layer_ids + 
 ``sliding_window_non_causal`` becomes ``dflash_config.causal`` for every layer at once, so this layout
 serves all-full drafters (non-causal) and all-sliding ones (causal), not a mix.
 
-The weights: ``model.safetensors`` as in the z-lab layout (see :mod:`.files`).
+The weights: ``model.safetensors`` as in the z-lab layout (see :mod:`.files`), a pruned vocabulary's
+``lm_head.weight`` and ``d2t`` included: vLLM's speculators config passes ``draft_vocab_size`` on to the same
+DFlash model, which loads them as from the z-lab layout.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .files import DTYPE_NAMES, write_json, write_weights
 
 # z-lab config.json keys that are not the draft layers' transformers config (the speculators layout states them apart)
 _NOT_LAYER_CONFIG = ("architectures", "auto_map", "is_causal", "block_size", "num_target_layers", "dflash_config",
-                     "dtype")
+                     "dtype", "draft_vocab_size")
 
 
 def export_speculators(drafter: nn.Module, out_dir: str | os.PathLike, verifier: str,
@@ -52,7 +54,8 @@ def speculators_config(config: DrafterConfig, verifier: str, verifier_architectu
             "transformer_layer_config": layer_config,
             "aux_hidden_state_layer_ids": [i + 1 for i in config.target_layer_ids],
             "mask_token_id": config.mask_token_id, "block_size": config.block_size,
-            "target_hidden_size": config.hidden_size, "draft_vocab_size": config.vocab_size,
+            "target_hidden_size": config.hidden_size,
+            "draft_vocab_size": config.draft_vocab_size or config.vocab_size,
             "num_target_layers": config.num_target_layers,
             "sliding_window_non_causal": kinds != {modeling_dflash.SLIDING_ATTENTION},
             "speculators_config": {"algorithm": "dflash", "default_proposal_method": "greedy",

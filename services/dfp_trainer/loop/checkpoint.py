@@ -140,6 +140,9 @@ class CheckpointManager:
         if missing or unexpected:
             raise CheckpointError(f"{self.store.url(name)}: weights do not match the model "
                                   f"(missing {missing[:5]}, unexpected {unexpected[:5]}); was it trained with other settings?")
+        if "d2t" in weights and not torch.equal(weights["d2t"], expected["d2t"].cpu()):
+            raise CheckpointError(f"{self.store.url(name)}: its draft vocabulary differs from the one this run chose "
+                                  "from its dataset (another dataset or draft_vocab_size?)")
         with torch.no_grad():
             params = dict(model.named_parameters())
             params.update(dict(model.named_buffers()))

@@ -67,7 +67,7 @@ def heldout_metrics(drafter, batches: Iterable[Batch], *, max_anchors: int = 512
     gen = torch.Generator().manual_seed(seed)
     b = model.config.block_size
     sums = {"loss_sum": 0.0, "weight_sum": 0.0, "correct_sum": 0.0, "num_trained_tokens": 0.0,
-            "num_blocks": 0.0, "accepted_sum": 0.0}
+            "num_blocks": 0.0, "accepted_sum": 0.0, "out_of_vocab": 0.0}
     pos_correct, pos_count = [0.0] * (b - 1), [0.0] * (b - 1)
     try:
         for batch in batches:
@@ -84,4 +84,6 @@ def heldout_metrics(drafter, batches: Iterable[Batch], *, max_anchors: int = 512
             "per_position_accuracy": [c / n if n else 0.0 for c, n in zip(pos_correct, pos_count)],
             "per_position_count": pos_count,
             "mean_accepted": sums["accepted_sum"] / blocks + 1.0 if blocks else 0.0,
-            "num_blocks": blocks, "num_trained_tokens": tokens}
+            "num_blocks": blocks, "num_trained_tokens": tokens,
+            **({"out_of_vocab": sums["out_of_vocab"], "out_of_vocab_share": sums["out_of_vocab"] / tokens if tokens else 0.0}
+               if model.config.pruned else {})}

@@ -21,6 +21,7 @@ from dfp_shared.tokenizer_assets import (
 
 from ..drafter.model import DFlashDrafter
 from ..drafter.target_parts import load_target_parts
+from ..drafter.vocab import VocabError, choose_draft_vocab, coverage, required_token_ids, trained_token_counts
 from ..run_config import RunConfig
 from .data import load_training_data, trainable_samples
 from .distributed import DistInfo
@@ -46,6 +47,7 @@ class Setup:
     eval_index: torch.Tensor
     train_pool: torch.Tensor
     max_tokens_per_request: int | None
+    draft_vocab: dict | None = None  # a pruned vocabulary's coverage of the trained tokens (:func:`~..drafter.vocab.coverage`)
 
     @property
     def spec(self) -> TrainSpec:
@@ -90,15 +92,17 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
         raise TrainError(f"target {spec.target}: {exc}") from None
     if mask_id >= embed.weight.shape[0]:
         raise TrainError(f"mask token id {mask_id} is outside the target's embedding ({embed.weight.shape[0]} rows)")
-    torch.manual_seed(spec.seed)
-    drafter = DFlashDrafter(drafter_config, embed, lm_head).to(info.device)
-    initial = {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items()}
-
     eligible = trainable_samples(dataset)
     pool = torch.nonzero(eligible).flatten()
     n_eval = min(spec.eval_prompts, pool.numel() // 4) if config.evaluate else 0
     perm = pool[torch.randperm(pool.numel(), generator=torch.Generator().manual_seed(spec.seed))]
     eval_index, train_pool = perm[:n_eval].sort().values, perm[n_eval:].sort().values
+    draft_ids, draft_vocab = None, None
+    if drafter_config.pruned:
+        draft_ids, draft_vocab = choose_vocab(spec, tokenizer, dataset, train_pool, drafter_config.vocab_size)
+    torch.manual_seed(spec.seed)
+    drafter = DFlashDrafter(drafter_config, embed, lm_head, draft_ids).to(info.device)
+    initial = {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items()}
 
     offline = spec.hidden_states == "offline"
     opened = source is None and not offline
@@ -121,7 +125,20 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
                 _close(source)
             raise TrainError(str(exc)) from None
     return Setup(config, model_dir, tokenizer, dataset, drafter, initial, source, layer_ids, eval_index, train_pool,
-                 max_tokens)
+                 max_tokens, draft_vocab)
+
+
+def choose_vocab(spec: TrainSpec, tokenizer, dataset, train_pool: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, dict]:
+    """The pruned draft vocabulary of the run (:mod:`..drafter.vocab`): its target ids and its coverage of the
+    training samples' trained tokens; :class:`TrainError` when it cannot be built."""
+    try:
+        counts = trained_token_counts(dataset.input_ids, dataset.loss_mask, dataset.offsets, train_pool, vocab_size,
+                                      spec.max_length)
+        required = required_token_ids(tokenizer, spec.enable_thinking)
+        ids = choose_draft_vocab(counts, spec.draft_vocab_size, [i for i in required if i < vocab_size])
+    except VocabError as exc:
+        raise TrainError(f"target {spec.target}: {exc}") from None
+    return ids, {**coverage(counts, ids), "required_token_ids": required}
 
 
 def _close(source) -> None:

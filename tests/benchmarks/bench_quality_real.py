@@ -108,11 +108,6 @@ def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path) -
                   hidden_state_cache=f"file://{cache}", enable_thinking=False)
 
 
-def both_sets(eval_dir: Path) -> tuple[dict, dict]:
-    found = json.loads((eval_dir / "evaluation.json").read_text())["sets"]
-    return found[0], found[1]
-
-
 def served(model_dir: Path, drafter: Path, prompts: Path, limit: int, max_new_tokens: int, out: Path) -> None:
     """The real vLLM serving the drafter beside the target (serve-check), on the first MT-Bench prompts."""
     out.mkdir(parents=True, exist_ok=True)
@@ -138,27 +133,34 @@ def vllm_generation(model_dir: Path, prompts: Path, max_new_tokens: int, out: Pa
         server.stop()
 
 
-def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, untrained: bool = True) -> dict:
+def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, lever: bool = False) -> dict:
+    """Train one drafter on the recipe; τ on MT-Bench and the held-out slice, with the untrained drafter beside
+    it (a lever: on the first ``lever_eval_prompts`` MT-Bench prompts only, a CPU budget)."""
     key = digest(ctx["dataset_key"], recipe, ctx["steps"])
     print(f"recipe {name}: {recipe}", flush=True)
     run = stages.run(f"train.{name}", key, lambda out: train(ctx["model"], ctx["dataset"], recipe, ctx["steps"], out))
-    eval_sets = [ctx["mtbench"], ctx["heldout"]]
-    evaluated = stages.run(f"evaluate.{name}", digest(key, ctx["eval_key"]), lambda out: evaluate(
-        ctx["model"], run / "drafter", eval_sets, ctx["eval_prompts"], ctx["eval_new_tokens"], out))
-    mt, held = both_sets(evaluated)
+    eval_sets, prompts, eval_key = [ctx["mtbench"], ctx["heldout"]], ctx["eval_prompts"], ctx["eval_key"]
+    if lever:
+        eval_sets, prompts = [ctx["mtbench"]], ctx["lever_eval_prompts"]
+        eval_key = digest(eval_key, "mtbench only", prompts)
+    evaluated = stages.run(f"evaluate.{name}", digest(key, eval_key), lambda out: evaluate(
+        ctx["model"], run / "drafter", eval_sets, prompts, ctx["eval_new_tokens"], out))
+    found = json.loads((evaluated / "evaluation.json").read_text())["sets"]
+    mt, held = found[0], (found[1] if len(found) > 1 else None)
     figures = {"tau_mtbench": mt["dflash"]["tau"], "tau_ngram_mtbench": mt["ngram"]["tau"],
-               "tau_heldout": held["dflash"]["tau"], "tau_ngram_heldout": held["ngram"]["tau"],
-               "tau_vllm_count_mtbench": mt["dflash"]["tau_vllm"],
+               "tau_heldout": held["dflash"]["tau"] if held else None,
+               "tau_ngram_heldout": held["ngram"]["tau"] if held else None,
+               "tau_vllm_count_mtbench": mt["dflash"]["tau_vllm"], "mtbench_prompts": len(mt["per_prompt"]),
                "position_acceptance_mtbench": [round(p, 3) for p in mt["dflash"]["position_acceptance"]],
                "ngram_position_acceptance_mtbench": [round(p, 3) for p in mt["ngram"]["position_acceptance"]],
-               "outputs_equal": all(p["outputs_equal"] for s in (mt, held) for p in s["per_prompt"]),
+               "outputs_equal": all(p["outputs_equal"] for s in found for p in s["per_prompt"]),
                "block_size": recipe["block_size"], "run": run}
-    if untrained:
+    if not lever:
         start_dir = stages.run(f"evaluate-untrained.{name}", digest(key, ctx["eval_key"], "untrained"), lambda out: (
             untrained_export(ctx["model"], run / "drafter", out / "drafter"),
             evaluate(ctx["model"], out / "drafter", eval_sets, min(UNTRAINED_PROMPTS, ctx["eval_prompts"]),
                      ctx["eval_new_tokens"], out)))
-        figures["tau_untrained"] = both_sets(start_dir)[0]["dflash"]["tau"]
+        figures["tau_untrained"] = json.loads((start_dir / "evaluation.json").read_text())["sets"][0]["dflash"]["tau"]
     return figures
 
 
@@ -180,6 +182,8 @@ def main() -> None:
                                                          "MT-Bench prompts (acceptance beside the project's).")
     ap.add_argument("--served-prompts", type=int, default=16, help="MT-Bench prompts the real vLLM serves.")
     ap.add_argument("--levers", action="store_true", help="Also train and evaluate one drafter per recipe lever.")
+    ap.add_argument("--lever-eval-prompts", type=int, default=16, help="MT-Bench prompts each lever's drafter is "
+                                                                      "evaluated on (the base: --eval-prompts).")
     ap.add_argument("--only", default=None, help=f"Comma-separated levers (of {', '.join(LEVERS)}); implies --levers.")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
@@ -213,7 +217,7 @@ def main() -> None:
     dataset = stages.run("tokenize", digest(gen_key), lambda out: tokenize(model, completions, out))
     ctx = {"model": model, "dataset": dataset, "dataset_key": digest(gen_key, "tokens"), "steps": args.steps,
            "mtbench": prompts["mtbench"], "heldout": prompts["heldout"], "eval_prompts": args.eval_prompts,
-           "eval_new_tokens": args.eval_new_tokens,
+           "eval_new_tokens": args.eval_new_tokens, "lever_eval_prompts": args.lever_eval_prompts,
            "eval_key": digest(model.name, read_records(prompts["heldout"]), args.eval_prompts, args.eval_new_tokens)}
 
     base = recipe_figures(stages, ctx, "base", BASE_RECIPE)
@@ -221,7 +225,7 @@ def main() -> None:
     unknown = set(chosen) - set(LEVERS)
     if unknown:
         ap.error(f"--only: unknown levers {sorted(unknown)}; choose from {list(LEVERS)}")
-    levers = {n: recipe_figures(stages, ctx, n, {**BASE_RECIPE, **LEVERS[n]}, untrained=False) for n in chosen}
+    levers = {n: recipe_figures(stages, ctx, n, {**BASE_RECIPE, **LEVERS[n]}, lever=True) for n in chosen}
 
     extra = {}
     if args.vllm:
@@ -236,10 +240,14 @@ def main() -> None:
 
     print(f"\nMT-Bench: {args.eval_prompts} first turns, held-out ShareGPT: {args.heldout_prompts}; "
           f"{args.eval_new_tokens} new tokens each; drafter: {args.steps} steps on {len(train_records)} completions")
-    print(f"{'recipe':>16}  {'MT-Bench':>8}  {'n-gram':>6}  {'held-out':>8}  {'n-gram':>6}  per-position (MT-Bench)")
+    def shown(value) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    print(f"{'recipe':>16}  {'MT-Bench':>8}  {'n-gram':>6}  {'prompts':>7}  {'held-out':>8}  {'n-gram':>6}  "
+          "per-position (MT-Bench)")
     for name, f in {"base": base, **levers}.items():
-        print(f"{name:>16}  {f['tau_mtbench']:8.2f}  {f['tau_ngram_mtbench']:6.2f}  {f['tau_heldout']:8.2f}  "
-              f"{f['tau_ngram_heldout']:6.2f}  {f['position_acceptance_mtbench']}")
+        print(f"{name:>16}  {f['tau_mtbench']:8.2f}  {f['tau_ngram_mtbench']:6.2f}  {f['mtbench_prompts']:7d}  "
+              f"{shown(f['tau_heldout']):>8}  {shown(f['tau_ngram_heldout']):>6}  {f['position_acceptance_mtbench']}")
     print(f"untrained DFlash on MT-Bench: {base['tau_untrained']:.2f}; generation of {len(sample)} prompts: "
           f"transformers engine {throughput['transformers']['tokens_per_s']} tokens/s, OpenAI engine on the real "
           f"vLLM {throughput['openai']['tokens_per_s']} tokens/s"
@@ -256,7 +264,8 @@ def main() -> None:
            sharegpt_unreadable=prompts["sharegpt_errors"],
            target=model.name, steps=args.steps, train_prompts=len(train_records), recipe=BASE_RECIPE,
            stage_seconds=stages.times, **extra,
-           levers={n: {k: f[k] for k in ("tau_mtbench", "tau_ngram_mtbench", "tau_heldout", "position_acceptance_mtbench")}
+           levers={n: {k: f[k] for k in ("tau_mtbench", "tau_ngram_mtbench", "mtbench_prompts",
+                                         "position_acceptance_mtbench")}
                    for n, f in levers.items()})
 
 

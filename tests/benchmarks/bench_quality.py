@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -59,6 +60,7 @@ class Stages:
             took = json.loads(done.read_text())["seconds"]
             print(f"  {name}: cached ({took:.0f} s when it ran)", flush=True)
         else:
+            shutil.rmtree(out, ignore_errors=True)  # what an interrupted run left
             began = time.perf_counter()
             fn(out)
             took = time.perf_counter() - began

@@ -221,14 +221,8 @@ def main() -> None:
            "eval_key": digest(model.name, read_records(prompts["heldout"]), args.eval_prompts, args.eval_new_tokens)}
 
     base = recipe_figures(stages, ctx, "base", BASE_RECIPE)
-    chosen = [n for n in args.only.split(",") if n] if args.only else list(LEVERS) if args.levers else []
-    unknown = set(chosen) - set(LEVERS)
-    if unknown:
-        ap.error(f"--only: unknown levers {sorted(unknown)}; choose from {list(LEVERS)}")
-    levers = {n: recipe_figures(stages, ctx, n, {**BASE_RECIPE, **LEVERS[n]}, lever=True) for n in chosen}
-
     extra = {}
-    if args.vllm:
+    if args.vllm:  # before the levers: the base drafter served by the real vLLM
         check = stages.run("serve", digest(base["run"].name, args.served_prompts, args.eval_new_tokens),
                            lambda out: served(model, base["run"] / "drafter", prompts["mtbench"],
                                               args.served_prompts, args.eval_new_tokens, out))
@@ -237,6 +231,12 @@ def main() -> None:
                  "project_whole_blocks_mtbench": round(result["project_whole_blocks"]["acceptance_length"], 3),
                  "served_outputs_equal": result["outputs_equal"], "served_acceptance_equal": result["acceptance_equal"],
                  "served_prompts": args.served_prompts}
+
+    chosen = [n for n in args.only.split(",") if n] if args.only else list(LEVERS) if args.levers else []
+    unknown = set(chosen) - set(LEVERS)
+    if unknown:
+        ap.error(f"--only: unknown levers {sorted(unknown)}; choose from {list(LEVERS)}")
+    levers = {n: recipe_figures(stages, ctx, n, {**BASE_RECIPE, **LEVERS[n]}, lever=True) for n in chosen}
 
     print(f"\nMT-Bench: {args.eval_prompts} first turns, held-out ShareGPT: {args.heldout_prompts}; "
           f"{args.eval_new_tokens} new tokens each; drafter: {args.steps} steps on {len(train_records)} completions")

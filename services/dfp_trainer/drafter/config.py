@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from dfp_shared.specs.train import LayerType
+from dfp_shared.specs.train import MAX_MARKOV_RANK, LayerType
 from transformers import Qwen3Config
 
 from .attention import FULL, SLIDING
@@ -83,8 +83,8 @@ class DrafterConfig:
         if self.draft_vocab_size is not None and not 1 <= int(self.draft_vocab_size) <= self.vocab_size:
             raise ValueError(f"draft_vocab_size {self.draft_vocab_size} asks for more rows than the target's "
                              f"vocabulary has ({self.vocab_size}); ask for at most {self.vocab_size}")
-        if self.markov_rank is not None and not 1 <= int(self.markov_rank) <= self.hidden_size * 8:
-            raise ValueError(f"markov_rank must be 1..{self.hidden_size * 8}, got {self.markov_rank}")
+        if self.markov_rank is not None and not 1 <= int(self.markov_rank) <= MAX_MARKOV_RANK:
+            raise ValueError(f"markov_rank must be 1..{MAX_MARKOV_RANK}, got {self.markov_rank}")
         if self.confidence_head and self.markov_rank is None:
             raise ValueError("a confidence head is a DSpark drafter's: set markov_rank")
         if len(self.layer_types) != self.num_hidden_layers:

@@ -178,3 +178,19 @@ def test_the_spec_family_and_its_bounded_fields():
                          ({"family": "medusa"}, "family")]:
         with pytest.raises(ValidationError, match=message):
             _spec(**bad)
+
+
+def test_a_dspark_config_json_the_project_does_not_draft_as_is_refused():
+    from dfp_trainer.drafter.config import DrafterConfig
+
+    good = _dspark().config.to_config_dict()
+    assert DrafterConfig.from_config_dict(good).family == "dspark"
+    for change, message in [({"sample_from_anchor": True}, "sample_from_anchor"),
+                            ({"confidence_head_with_markov": True}, "confidence_head_with_markov"),
+                            ({"markov_rank": None}, "markov_rank"),
+                            ({"markov_rank": 1 << 20}, "markov_rank must be 1..1024")]:
+        with pytest.raises(ValueError, match=message):
+            DrafterConfig.from_config_dict({**good, **change})
+    missing_anchor = {k: v for k, v in good.items() if k != "sample_from_anchor"}  # vLLM's default: true
+    with pytest.raises(ValueError, match="sample_from_anchor"):
+        DrafterConfig.from_config_dict(missing_anchor)

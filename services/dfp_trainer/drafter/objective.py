@@ -154,7 +154,8 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
                      torch.arange(t, device=dev), masks)  # (S, N*B, H)
     if rows.numel() == 0:  # a zero loss that still reaches every parameter (DDP expects all gradients)
         blocks = scored.view(s * n, b).float() if out_of_vocab else torch.zeros(0, b, device=dev)
-        return hidden.sum() * 0.0, _metrics(0.0, 0.0, torch.zeros_like(blocks), blocks, 0, b, out_of_vocab)
+        zero = sum((p.sum() for p in model.trainable_parameters()), hidden.sum()) * 0.0  # a family's heads too
+        return zero, {**_metrics(0.0, 0.0, torch.zeros_like(blocks), blocks, 0, b, out_of_vocab), "confidence_bce": 0.0}
     hidden = hidden.reshape(s * n * b, -1)
     ce_parts, extra = [], hidden.new_zeros((), dtype=torch.float32)
     correct = torch.zeros_like(flat_w)

@@ -56,7 +56,7 @@ def _recorded_blocks(target_dir: Path, drafter_dir: Path, prompts: int = 4):
     drafter = load_exported(drafter_dir, parts.embed_tokens, parts.lm_head).eval()
     target = load_causal_lm(str(target_dir), device="cpu")
     tok = load_tokenizer(target_dir)
-    hidden, anchors, drafts = [], [], []
+    hidden, anchors, drafts, accepted = [], [], [], [0, 0]
     draft = drafter.draft
 
     def recording(h, anchor):
@@ -71,8 +71,10 @@ def _recorded_blocks(target_dir: Path, drafter_dir: Path, prompts: int = 4):
     with torch_threads(1):
         for m in messages:
             ids = torch.tensor(chat_prompt_ids(tok, m, enable_thinking=False))
-            speculative_decode(drafter, target, ids, max_new_tokens=24, stop_token_ids=stop_token_ids(tok),
-                               whole_blocks=True)
+            out = speculative_decode(drafter, target, ids, max_new_tokens=24, stop_token_ids=stop_token_ids(tok),
+                                     whole_blocks=True)
+            accepted = [accepted[0] + sum(out["accepted"]), accepted[1] + len(out["accepted"])]
+    print(f"project's decoder: {accepted[0]} drafts accepted in {accepted[1]} blocks")
     del drafter.draft
     full = [i for i, h in enumerate(hidden) if h.shape[0] == drafter.config.block_size - 1]
     pick = lambda xs: torch.stack([xs[i] for i in full])  # noqa: E731

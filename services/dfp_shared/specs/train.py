@@ -31,8 +31,8 @@ a cache an offline job filled (no target at all)."""
 MAX_STEPS = 99_999_999
 MAX_LAYERS = 64
 MAX_SEQ_TOKENS = 1 << 20
-MAX_VOCAB = 1 << 20
-MAX_MARKOV_RANK = 1024  # a rank-r Markov head is two V x r matrices: beyond this it outweighs the draft layers  # rows of a draft vocabulary (the largest public vocabularies hold about 2^18)
+MAX_VOCAB = 1 << 20  # rows of a draft vocabulary (the largest public vocabularies hold about 2^18)
+MAX_MARKOV_RANK = 1024  # a rank-r Markov head is two V x r matrices: beyond this it outweighs the draft layers
 
 
 def _shown(n: int | float) -> str:

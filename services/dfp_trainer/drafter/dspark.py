@@ -73,7 +73,7 @@ class DSparkDrafter(DFlashDrafter):
 
     def serving_logits(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits (float32) of hidden states (..., H) given each one's previous token (...,)."""
-        return self.logits(hidden).float() + self.markov_head(prev_ids).float()
+        return self.logits(hidden).float().add_(self.markov_head(prev_ids))  # in place: one vocabulary-wide buffer
 
     def head_loss(self, hidden: torch.Tensor, labels: torch.Tensor,
                   prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -37,4 +37,6 @@ class RunConfig:
         return DrafterConfig.for_target(target_config, num_layers=spec.num_draft_layers, block_size=spec.block_size,
                                         mask_token_id=mask_token_id, target_layer_ids=spec.target_layer_ids,
                                         layer_types=spec.layer_types, sliding_window=spec.sliding_window,
-                                        draft_vocab_size=spec.draft_vocab_size)
+                                        draft_vocab_size=spec.draft_vocab_size,
+                                        **({"markov_rank": spec.markov_rank, "confidence_head": spec.confidence_head}
+                                           if spec.family == "dspark" else {}))

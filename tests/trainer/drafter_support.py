@@ -6,6 +6,7 @@ import contextlib
 
 import torch
 from dfp_trainer.drafter.config import DrafterConfig
+from dfp_trainer.drafter.families import build_drafter
 from dfp_trainer.drafter.model import DFlashDrafter
 from torch import nn
 
@@ -42,7 +43,7 @@ def small_drafter(seed: int = 0, draft_ids: torch.Tensor | None = None, **overri
     cfg = small_config(**overrides)
     embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
     head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-    return DFlashDrafter(cfg, embed, head, draft_ids)
+    return build_drafter(cfg, embed, head, draft_ids)
 
 
 def chat_prompts(start: int, count: int) -> list[list[dict]]:

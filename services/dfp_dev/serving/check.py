@@ -1,7 +1,8 @@
 """``dflash-pipeline serve-check``: the exported drafter served by a real vLLM, checked against the project.
 
 Starts vLLM's OpenAI server (from its own cached environment, :mod:`dfp_dev.serving.vllm_env`) for the target
-with the drafter as DFlash speculator (``num_speculative_tokens`` = block size - 1), sends every prompt
+with the drafter as its speculator (method ``dflash``, or ``dspark`` for a DSpark drafter;
+``num_speculative_tokens`` = block size - 1), sends every prompt
 through ``/v1/chat/completions`` greedily in the drafter's thinking mode, and checks each output token
 for token against the project's plain greedy decode (``dflash-pipeline trainer reference-decode``).
 vLLM's acceptance counters come from its ``/metrics``; the acceptance length it implies (whole verified
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import click
 import httpx
+from dfp_trainer.drafter.config import DSPARK_ARCHITECTURE
 
 from ..demo.config import RANDOM_TARGET_PROMPTS
 from .vllm_server import VllmServer, check_servable
@@ -43,15 +45,26 @@ class ServeCheck:
     work_dir: Path
 
 
-def drafter_block_size(drafter: Path) -> int:
-    """The drafter's block size from its ``config.json`` (``dflash_config.block_size``, else ``block_size``)."""
+def _drafter_config(drafter: Path) -> tuple[Path, dict]:
     path = drafter / "config.json"
     try:
-        config = json.loads(path.read_text())
+        return path, json.loads(path.read_text())
     except FileNotFoundError:
         raise click.UsageError(f"{path}: missing; --drafter must be an exported drafter directory") from None
     except json.JSONDecodeError as exc:
         raise click.UsageError(f"{path}: line {exc.lineno}: invalid JSON: {exc.msg}") from None
+
+
+def drafter_method(drafter: Path) -> str:
+    """vLLM's speculative method for the drafter, from its ``config.json``: ``dspark`` for a DSpark drafter
+    (``architectures: ["Qwen3DSparkModel"]``), else ``dflash``."""
+    _, config = _drafter_config(drafter)
+    return "dspark" if DSPARK_ARCHITECTURE in (config.get("architectures") or []) else "dflash"
+
+
+def drafter_block_size(drafter: Path) -> int:
+    """The drafter's block size from its ``config.json`` (``dflash_config.block_size``, else ``block_size``)."""
+    path, config = _drafter_config(drafter)
     block = (config.get("dflash_config") or {}).get("block_size", config.get("block_size"))
     if not isinstance(block, int) or block < 2:
         raise click.UsageError(f"{path}: dflash_config.block_size: expected an integer >= 2, got {block!r}")
@@ -204,7 +217,7 @@ def print_result(result: dict, echo=click.echo) -> None:
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the result as JSON here.")
 def serve_check(target, drafter, prompts, limit, max_new_tokens, thinking, vllm_python, work_dir, json_out):
-    """Serve the exported drafter with a real vLLM (DFlash speculative decoding) and check it.
+    """Serve the exported drafter with a real vLLM (DFlash or DSpark speculative decoding, from its config) and check it.
 
     Every output must equal the target's plain greedy decode token for token (exit status 1 if not);
     vLLM's acceptance length is printed beside the project's for the same drafter and prompts.
@@ -228,8 +241,10 @@ def serve_check(target, drafter, prompts, limit, max_new_tokens, thinking, vllm_
     except VllmInstallError as exc:
         raise click.ClickException(f"cannot install vLLM: {exc}") from None
     check = ServeCheck(target.resolve(), drafter.resolve(), messages, ids, max_new_tokens, thinking, work)
-    server = VllmServer(python, check.target, work, drafter_dir=check.drafter, num_speculative_tokens=block - 1)
-    click.echo(f"starting vLLM ({python}) for {check.target} with the DFlash drafter {check.drafter} "
+    method = drafter_method(drafter)
+    server = VllmServer(python, check.target, work, drafter_dir=check.drafter, num_speculative_tokens=block - 1,
+                        method=method)
+    click.echo(f"starting vLLM ({python}) for {check.target} with the {method} drafter {check.drafter} "
                f"(block {block}, {block - 1} speculative tokens, thinking {'on' if thinking else 'off'}); "
                f"log {server.log_path}")
     started = time.monotonic()

@@ -123,12 +123,13 @@ def live_group_members(pgid: int) -> list[int]:
 
 
 class VllmServer:
-    """``python -m vllm.entrypoints.openai.api_server`` serving ``model_dir``, optionally with a DFlash drafter."""
+    """``python -m vllm.entrypoints.openai.api_server`` serving ``model_dir``, optionally with a drafter served by
+    speculative ``method`` (``dflash``, or ``dspark`` for a DSpark drafter)."""
 
     def __init__(self, python: str | os.PathLike, model_dir: str | os.PathLike, log_dir: str | os.PathLike, *,
                  drafter_dir: str | os.PathLike | None = None, num_speculative_tokens: int | None = None,
-                 max_model_len: int = 2048, kv_cache_gib: int = 1, name: str = "vllm"):
-        self.python, self.model_dir, self.name = str(python), str(model_dir), name
+                 max_model_len: int = 2048, kv_cache_gib: int = 1, name: str = "vllm", method: str = "dflash"):
+        self.python, self.model_dir, self.name, self.method = str(python), str(model_dir), name, method
         self.drafter_dir, self.num_speculative_tokens = drafter_dir, num_speculative_tokens
         self.max_model_len, self.kv_cache_gib = max_model_len, kv_cache_gib
         self.group = ProcessGroup(log_dir)
@@ -143,7 +144,7 @@ class VllmServer:
                "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager", "--dtype", "float32",
                "--max-model-len", str(self.max_model_len), "--seed", "0"]
         if self.drafter_dir is not None:
-            spec = {"method": "dflash", "model": str(self.drafter_dir),
+            spec = {"method": self.method, "model": str(self.drafter_dir),
                     "num_speculative_tokens": int(self.num_speculative_tokens)}
             cmd += ["--speculative-config", json.dumps(spec)]
         return cmd
@@ -153,6 +154,8 @@ class VllmServer:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_NO_USAGE_STATS": "1",
                "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.pop("PYTHONPATH", None)  # the environment's own packages, not the project's
+        if self.method == "dspark":  # vLLM drafts DSpark in its V2 model runner only (V1: unknown method)
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         self.group.start(self.name, self.command(), env)
         deadline = time.monotonic() + timeout
         while True:

@@ -15,6 +15,9 @@ LayerType = Literal["full_attention", "sliding_attention"]
 FULL, SLIDING = get_args(LayerType)
 ExportLayout = Literal["zlab", "speculators"]
 """Layouts of the drafter export: the DFlash reference's (``drafter/``) and vLLM's speculators (``drafter-speculators/``)."""
+DrafterFamily = Literal["dflash", "dspark"]
+"""Drafter families the trainer builds: DFlash, and DSpark (DFlash plus a sequential Markov head and an optional
+confidence head)."""
 LossKind = Literal["decay", "dpace"]
 """Position weightings of the block cross-entropy: fixed exp(-(k-1)/gamma) decay, or D-PACE (the trainer's objective)."""
 TargetEndpointName = endpoint_name("hidden-state target")
@@ -29,6 +32,7 @@ MAX_STEPS = 99_999_999
 MAX_LAYERS = 64
 MAX_SEQ_TOKENS = 1 << 20
 MAX_VOCAB = 1 << 20  # rows of a draft vocabulary (the largest public vocabularies hold about 2^18)
+MAX_MARKOV_RANK = 1024  # a rank-r Markov head is two V x r matrices: beyond this it outweighs the draft layers
 
 
 def _shown(n: int | float) -> str:
@@ -70,6 +74,17 @@ class TrainSpec(BaseModel):
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="Global gradient-norm clip (at most 10^6).")
     seed: int = Field(0, ge=0, lt=1 << 63,
                       description="Seed of initialisation, shuffling, anchor sampling and noise (0..2^63-1).")
+    family: DrafterFamily = Field("dflash", description="Drafter family: `dflash`, or `dspark`: the DFlash drafter plus a "
+                                                        "low-rank Markov head (the previous draft token's rank-r "
+                                                        "embedding projected to a bias on the next position's logits, "
+                                                        "applied left to right when drafting) and an optional "
+                                                        "confidence head; served by vLLM as method `dspark`.")
+    markov_rank: int = _within(32, 1, MAX_MARKOV_RANK, "Rank of the DSpark Markov head ({}); `dspark` only.")
+    confidence_head: bool = Field(True, description="Whether a DSpark drafter has a confidence head (each position's "
+                                                    "probability that its draft is right, trained by binary "
+                                                    "cross-entropy); `dspark` only.")
+    confidence_loss_weight: float = _within(0.1, 0, 100, "Weight of the confidence head's binary cross-entropy beside "
+                                            "the block cross-entropy ({}); `dspark` with `confidence_head` only.")
     num_draft_layers: int = _within(5, 1, MAX_LAYERS, "Draft decoder layers (one target layer feeds each), {}.")
     block_size: int = _within(16, 2, 64, "Tokens per draft block (anchor + block_size-1 masks), {}.")
     layer_types: list[LayerType] | None = Field(
@@ -150,6 +165,17 @@ class TrainSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _family_fields(self) -> TrainSpec:
+        dspark_only = [name for name in ("markov_rank", "confidence_head", "confidence_loss_weight")
+                       if name in self.model_fields_set]
+        if self.family != "dspark" and dspark_only:
+            raise ValueError(f"{', '.join(dspark_only)} set for family {self.family!r}: only `dspark` drafters have "
+                             f"a Markov or confidence head")
+        if self.family == "dspark" and self.exports and "speculators" in self.exports:
+            raise ValueError("exports: vLLM reads DSpark drafters from the zlab layout only; export only zlab")
+        return self
+
+    @model_validator(mode="after")
     def _exports_serve_the_layout(self) -> TrainSpec:
         if self.exports and "speculators" in self.exports and len(set(self.layer_types or [FULL])) > 1:
             raise ValueError("exports: the speculators layout cannot serve a drafter that mixes full and sliding "
@@ -160,6 +186,8 @@ class TrainSpec(BaseModel):
         """The layouts to export: the spec's, or every one the layer types allow."""
         if self.exports:
             return list(dict.fromkeys(self.exports))
+        if self.family == "dspark":
+            return ["zlab"]
         return ["zlab"] + (["speculators"] if len(set(self.layer_types or [FULL])) == 1 else [])
 
     @field_validator("layer_types")

@@ -13,7 +13,11 @@
   speak, :func:`~.batch.collate` and :func:`~.batch.fetch_hidden`;
 * :mod:`.load` - an exported drafter loaded back; :mod:`.wrappers` - the drafter inside DDP / compile.
 
-Further drafter families (DSpark, DFlash2, ...) go here as small modules of their own sharing the backbone
+* :mod:`.dspark` - :class:`~.dspark.DSparkDrafter`, the DFlash drafter plus a sequential Markov head and a
+  confidence head (vLLM's method ``dspark``); :mod:`.families` - the module of each family
+  (:func:`~.families.build_drafter`).
+
+Further drafter families (DFlash2, ...) go here as small modules of their own sharing the backbone
 (the draft layers of :mod:`.modeling_dflash`), the masks of :mod:`.attention` and the objective of
 :mod:`.objective`.
 

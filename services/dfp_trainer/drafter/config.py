@@ -9,13 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from dfp_shared.specs.train import LayerType
+from dfp_shared.specs.train import MAX_MARKOV_RANK, LayerType
 from transformers import Qwen3Config
 
 from .attention import FULL, SLIDING
 
 LAYER_TYPES = get_args(LayerType)
 ARCHITECTURE = "DFlashDraftModel"
+DSPARK_ARCHITECTURE = "Qwen3DSparkModel"  # vLLM's Qwen3 DSpark drafter (served as method ``dspark``)
 AUTO_MODEL = "modeling_dflash.DFlashDraftModel"  # the modeling file's class, for AutoModel with trust_remote_code
 # rope keys of targets whose attention a Qwen3 layer does not have (partial rotary, multimodal sections)
 _NOT_QWEN3_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
@@ -49,6 +50,8 @@ class DrafterConfig:
     attention_bias: bool = False  # bias on q/k/v/o projections
     rope_parameters: dict[str, Any] | None = None  # the target's RoPE (transformers 5 naming); unset: default RoPE
     draft_vocab_size: int | None = None  # rows of the drafter's own LM head (a pruned vocabulary); None: the target's
+    markov_rank: int | None = None  # DSpark: rank of the Markov head (see :mod:`.dspark`); None: a DFlash drafter
+    confidence_head: bool = False  # DSpark: whether the drafter has a confidence head
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -80,6 +83,10 @@ class DrafterConfig:
         if self.draft_vocab_size is not None and not 1 <= int(self.draft_vocab_size) <= self.vocab_size:
             raise ValueError(f"draft_vocab_size {self.draft_vocab_size} asks for more rows than the target's "
                              f"vocabulary has ({self.vocab_size}); ask for at most {self.vocab_size}")
+        if self.markov_rank is not None and not 1 <= int(self.markov_rank) <= MAX_MARKOV_RANK:
+            raise ValueError(f"markov_rank must be 1..{MAX_MARKOV_RANK}, got {self.markov_rank}")
+        if self.confidence_head and self.markov_rank is None:
+            raise ValueError("a confidence head is a DSpark drafter's: set markov_rank")
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
         unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
@@ -94,6 +101,11 @@ class DrafterConfig:
     @property
     def num_context_features(self) -> int:
         return len(self.target_layer_ids)
+
+    @property
+    def family(self) -> str:
+        """``dspark`` with a Markov head, else ``dflash``: the drafter module and vLLM's method of that name."""
+        return "dflash" if self.markov_rank is None else "dspark"
 
     @property
     def pruned(self) -> bool:
@@ -134,17 +146,34 @@ class DrafterConfig:
         causality = self.causality_fields()
         dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
                   "block_size": self.block_size, **causality.pop("dflash_config", {})}
-        return {"architectures": [ARCHITECTURE], "model_type": "qwen3", "auto_map": {"AutoModel": AUTO_MODEL},
+        family = self._dspark_fields() if self.family == "dspark" else \
+            {"architectures": [ARCHITECTURE], "auto_map": {"AutoModel": AUTO_MODEL}}
+        return {"architectures": family.pop("architectures"), "model_type": "qwen3",
                 **{name: getattr(qwen3, name) for name in _QWEN3_KEYS},
                 "rope_theta": self.rope_theta, **causality, "block_size": self.block_size,
                 **({"draft_vocab_size": self.draft_vocab_size} if self.pruned else {}),
-                "num_target_layers": self.num_target_layers, "dflash_config": dflash, "dtype": dtype}
+                "num_target_layers": self.num_target_layers, "dflash_config": dflash, **family, "dtype": dtype}
+
+    def _dspark_fields(self) -> dict[str, Any]:
+        """The ``config.json`` fields vLLM's Qwen3 DSpark drafter reads beyond DFlash's: the Markov rank, the
+        confidence head (fed the hidden state only), and ``sample_from_anchor: false``: the DFlash block (anchor,
+        then masks that predict their own positions), as trained here. No ``auto_map``: the modeling file is
+        DFlash's."""
+        return {"architectures": [DSPARK_ARCHITECTURE], "markov_rank": self.markov_rank,
+                "enable_confidence_head": self.confidence_head, "confidence_head_with_markov": False,
+                "sample_from_anchor": False}
 
     @classmethod
     def from_config_dict(cls, data: Mapping[str, Any], source: str = "config.json") -> DrafterConfig:
         """The inverse of :meth:`to_config_dict`: a drafter's config from its ``config.json`` dict."""
-        if ARCHITECTURE not in (data.get("architectures") or []):
-            raise ValueError(f"{source}: architectures {data.get('architectures')} does not name {ARCHITECTURE}")
+        architectures = data.get("architectures") or []
+        dspark = DSPARK_ARCHITECTURE in architectures
+        if ARCHITECTURE not in architectures and not dspark:
+            raise ValueError(f"{source}: architectures {architectures} names neither {ARCHITECTURE} nor "
+                             f"{DSPARK_ARCHITECTURE}")
+        if dspark and (data.get("sample_from_anchor", True) or data.get("confidence_head_with_markov")):
+            raise ValueError(f"{source}: a DSpark drafter here drafts from the DFlash block with a confidence head of "
+                             f"the hidden state (sample_from_anchor and confidence_head_with_markov false)")
         dflash = data.get("dflash_config") or {}
         for name in ("mask_token_id", "target_layer_ids"):
             if dflash.get(name) is None:
@@ -160,7 +189,9 @@ class DrafterConfig:
                       block_size=int(dflash.get("block_size", data.get("block_size", 16))),
                       layer_types=data.get("layer_types") or [], sliding_window=data.get("sliding_window"),
                       attention_bias=bool(data.get("attention_bias", False)),
-                      draft_vocab_size=data.get("draft_vocab_size"))
+                      draft_vocab_size=data.get("draft_vocab_size"),
+                      markov_rank=int(cfg.get("markov_rank")) if dspark else None,
+                      confidence_head=bool(data.get("enable_confidence_head", False)) and dspark)
         try:
             return cls(**fields)
         except ValueError as exc:
@@ -169,7 +200,8 @@ class DrafterConfig:
     @classmethod
     def for_target(cls, target_config: Any, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None,
                    target_layer_ids: list[int] | None = None, layer_types: list[str] | None = None,
-                   sliding_window: int | None = None, draft_vocab_size: int | None = None) -> DrafterConfig:
+                   sliding_window: int | None = None, draft_vocab_size: int | None = None,
+                   markov_rank: int | None = None, confidence_head: bool = False) -> DrafterConfig:
         """A drafter config sized to a target (a HF config object or its ``config.json`` dict), with its RoPE."""
         cfg = _ConfigView(target_config, "target config")
         num_target_layers = int(cfg.get("num_hidden_layers"))
@@ -186,7 +218,7 @@ class DrafterConfig:
         return cls(**_shape_fields(cfg), num_hidden_layers=num_layers, num_target_layers=num_target_layers,
                    target_layer_ids=list(target_layer_ids), mask_token_id=int(mask_token_id), block_size=block_size,
                    layer_types=list(layer_types or []), sliding_window=sliding_window,
-                   draft_vocab_size=draft_vocab_size)
+                   draft_vocab_size=draft_vocab_size, markov_rank=markov_rank, confidence_head=confidence_head)
 
 
 class _ConfigView:

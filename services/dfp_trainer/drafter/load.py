@@ -11,6 +11,7 @@ from torch import nn
 
 from .config import DrafterConfig
 from .config_json import read_config_json
+from .families import build_drafter
 from .model import DFlashDrafter
 
 MISSING = "missing from the exported drafter"
@@ -26,7 +27,7 @@ def load_exported(out_dir: str | os.PathLike, embed_tokens: nn.Embedding, lm_hea
     data = read_config_json(cfg_path, MISSING)
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: {MISSING}")
-    drafter = DFlashDrafter(DrafterConfig.from_config_dict(data, str(cfg_path)), embed_tokens, lm_head)
+    drafter = build_drafter(DrafterConfig.from_config_dict(data, str(cfg_path)), embed_tokens, lm_head)
     state = load_file(str(weights))
     expected = drafter.state_dict()
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))

@@ -28,6 +28,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .attention import AttentionMasks, attention_fn
 from .config import DrafterConfig
+from .head_loss import head_cross_entropy
 from .modeling_dflash import add_draft_head, add_draft_modules, draft_hidden, draft_to_target
 from .vocab import d2t_of, target_to_draft
 
@@ -143,6 +144,18 @@ class DFlashDrafter(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the drafter's vocabulary: draft ids with a pruned one (map them by :meth:`to_target`)."""
         return self.lm_head(hidden.to(self.lm_head.weight.dtype))
+
+    def head_loss(self, hidden: torch.Tensor, labels: torch.Tensor,
+                  prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-row cross-entropy of rows (rows, H) against draft-id labels, argmax hits, and the family's extra
+        loss (none here: ``prev_ids``, each row's previous true token, is for a DSpark drafter's Markov head)."""
+        ce, correct = head_cross_entropy(hidden, labels, self.lm_head)
+        return ce, correct, ce.new_zeros(())
+
+    def draft(self, hidden: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        """Target ids drafted at positions with hidden states (n, H) after ``anchor``: each one's argmax over the
+        drafter's vocabulary, mapped to target ids (a token outside a pruned one is never drafted)."""
+        return self.to_target(self.logits(hidden).argmax(-1))
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         """Target token ids of ids of :meth:`logits` (draft ids under a pruned vocabulary; else themselves)."""

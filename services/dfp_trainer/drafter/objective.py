@@ -33,7 +33,6 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import training_masks
 from .batch import Batch
-from .head_loss import head_cross_entropy
 from .wrappers import unwrap
 
 
@@ -91,20 +90,24 @@ def dpace_weights(ce: torch.Tensor, trained: torch.Tensor, alpha: float) -> torc
     return weights * trained
 
 
-def _chunk_loss(hidden: torch.Tensor, labels: torch.Tensor, lm_head: torch.nn.Module):
-    return head_cross_entropy(hidden, labels, lm_head)  # (chunk,) cross-entropy and argmax hits
+def _chunk_loss(hidden: torch.Tensor, labels: torch.Tensor, prev_ids: torch.Tensor, model: torch.nn.Module):
+    return model.head_loss(hidden, labels, prev_ids)  # (chunk,) cross-entropy, argmax hits, the family's extra loss
 
 
 def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float = 7.0, noise_std: float = 0.0,
                 generator: torch.Generator | None = None, logits_chunk: int = 4096,
                 attention_backend: str = "auto", loss: str = "decay",
-                dpace_alpha: float = 0.5) -> tuple[torch.Tensor, dict]:
+                dpace_alpha: float = 0.5, confidence_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Weighted block cross-entropy of a batch and its metrics (``loss``: one of :data:`LOSSES`).
 
     The batch's input_ids (S, T) integer, loss_mask (S, T) 0/1, target_hidden (S, T, K*H) = target
     features of every position, lengths (S,) valid tokens per row. ``generator`` drives anchor sampling
     and feature noise. Metrics are plain floats (and lists of floats); the ``*_sum``/``*_count`` entries
     add up across batches and ranks.
+
+    The rows go through the drafter's ``head_loss``: a DSpark drafter's (:mod:`.dspark`) biases each row's
+    logits by its Markov head of the previous true token (teacher forcing) and adds its confidence head's
+    binary cross-entropy, averaged over the trained rows and weighted ``confidence_weight``, to the loss.
     """
     model = unwrap(drafter)
     cfg = model.config
@@ -136,6 +139,8 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
 
     scored = weights > 0  # (S, N, B) trained positions: the accuracies count them all
     flat_labels, out_of_vocab = labels.reshape(-1), 0.0
+    prev_pos = (positions - 1).clamp(min=0, max=t - 1).reshape(s, -1)  # teacher forcing: the true token before
+    flat_prev = torch.gather(input_ids, 1, prev_pos).reshape(-1)
     label_map = model.label_map()
     if label_map is not None:  # draft ids; positions without one cannot be drafted right: no loss there
         flat_labels = label_map[flat_labels]
@@ -149,18 +154,20 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
                      torch.arange(t, device=dev), masks)  # (S, N*B, H)
     if rows.numel() == 0:  # a zero loss that still reaches every parameter (DDP expects all gradients)
         blocks = scored.view(s * n, b).float() if out_of_vocab else torch.zeros(0, b, device=dev)
-        return hidden.sum() * 0.0, _metrics(0.0, 0.0, torch.zeros_like(blocks), blocks, 0, b, out_of_vocab)
+        zero = sum((p.sum() for p in model.trainable_parameters()), hidden.sum()) * 0.0  # a family's heads too
+        return zero, {**_metrics(0.0, 0.0, torch.zeros_like(blocks), blocks, 0, b, out_of_vocab), "confidence_bce": 0.0}
     hidden = hidden.reshape(s * n * b, -1)
-    ce_parts = []
+    ce_parts, extra = [], hidden.new_zeros((), dtype=torch.float32)
     correct = torch.zeros_like(flat_w)
     for start in range(0, rows.numel(), logits_chunk):
         r = rows[start:start + logits_chunk]
-        args = (hidden[r], flat_labels[r], model.lm_head)
+        args = (hidden[r], flat_labels[r], flat_prev[r], model)
         if torch.is_grad_enabled() and hidden.requires_grad and rows.numel() > logits_chunk:
-            ce, ok = checkpoint(_chunk_loss, *args, use_reentrant=False)
+            ce, ok, more = checkpoint(_chunk_loss, *args, use_reentrant=False)
         else:
-            ce, ok = _chunk_loss(*args)
+            ce, ok, more = _chunk_loss(*args)
         ce_parts.append(ce)
+        extra = extra + more
         correct[r] = ok.detach()
     ce_rows = torch.cat(ce_parts)
     trained = (weights > 0).view(s * n, b)
@@ -172,8 +179,12 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     else:
         row_w, norm = flat_w[rows], flat_w.sum()
     value = (ce_rows * row_w).sum() / norm
-    return value, _metrics(float(value.detach()), float(norm), correct.view(s * n, b), scored.view(s * n, b).float(),
-                           int(valid.sum()), b, out_of_vocab)
+    confidence_bce = extra / rows.numel()
+    if confidence_weight:
+        value = value + confidence_weight * confidence_bce
+    metrics = _metrics(float(value.detach()), float(norm), correct.view(s * n, b), scored.view(s * n, b).float(),
+                       int(valid.sum()), b, out_of_vocab)
+    return value, {**metrics, "confidence_bce": float(confidence_bce.detach())}
 
 
 def _metrics(loss: float, weight_sum: float, correct: torch.Tensor, trained: torch.Tensor, num_blocks: int,

@@ -5,7 +5,9 @@
 config, ``rope_parameters`` as the target's, ``architectures: ["DFlashDraftModel"]``, ``block_size``,
 ``num_target_layers``, ``dflash_config: {mask_token_id, target_layer_ids, block_size, ...}``, the
 causality fields of :meth:`DrafterConfig.causality_fields`, and ``auto_map``); ``modeling_dflash.py``
-beside it, so ``AutoModel.from_pretrained(dir, trust_remote_code=True)`` builds the drafter.
+beside it, so ``AutoModel.from_pretrained(dir, trust_remote_code=True)`` builds the drafter. A DSpark drafter
+(:mod:`~dfp_trainer.drafter.dspark`): ``architectures: ["Qwen3DSparkModel"]`` and its fields instead of
+``auto_map``, its heads in the weights, no modeling file.
 
 Both layouts (this one and :mod:`.speculators`): ``model.safetensors`` (see :mod:`.files`).
 """
@@ -29,6 +31,7 @@ def export_drafter(drafter: nn.Module, out_dir: str | os.PathLike, dtype: torch.
     """The z-lab layout in ``out_dir``: ``config.json``, ``model.safetensors``, ``modeling_dflash.py``."""
     model = unwrap(drafter)
     out, dtype = write_weights(model, out_dir, dtype)
-    write(out / MODELING_FILE, Path(modeling_dflash.__file__).read_bytes())
+    if model.config.family == "dflash":  # a DSpark drafter is vLLM's Qwen3DSparkModel: no AutoModel class
+        write(out / MODELING_FILE, Path(modeling_dflash.__file__).read_bytes())
     write_json(out / "config.json", model.config.to_config_dict(DTYPE_NAMES.get(dtype, "float32")))
     return out

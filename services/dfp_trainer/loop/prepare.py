@@ -19,7 +19,7 @@ from dfp_shared.tokenizer_assets import (
     tokenizer_fingerprint,
 )
 
-from ..drafter.model import DFlashDrafter
+from ..drafter.families import build_drafter
 from ..drafter.target_parts import load_target_parts
 from ..drafter.vocab import VocabError, choose_draft_vocab, coverage, required_token_ids, trained_token_counts
 from ..run_config import RunConfig
@@ -101,7 +101,7 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
     if drafter_config.pruned:
         draft_ids, draft_vocab = choose_vocab(spec, tokenizer, dataset, train_pool, drafter_config.vocab_size)
     torch.manual_seed(spec.seed)
-    drafter = DFlashDrafter(drafter_config, embed, lm_head, draft_ids).to(info.device)
+    drafter = build_drafter(drafter_config, embed, lm_head, draft_ids).to(info.device)
     initial = {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items()}
 
     offline = spec.hidden_states == "offline"

@@ -117,8 +117,9 @@ def test_feature_noise_is_seeded_and_off_by_default():
     assert noisy1.item() == noisy2.item() and noisy1.item() != clean.item()
 
 
-def test_no_trainable_positions_gives_zero_loss_with_a_graph():
-    drafter = small_drafter()
+@pytest.mark.parametrize("family", [{}, {"markov_rank": 4, "confidence_head": True}], ids=["dflash", "dspark"])
+def test_no_trainable_positions_gives_zero_loss_with_a_graph(family):
+    drafter = small_drafter(**family)
     ids, _, feats, lengths = _batch()
     loss, metrics = dflash_loss(drafter, Batch(ids, torch.zeros(2, 20), lengths, target_hidden=feats))
     assert loss.item() == 0.0 and metrics["num_blocks"] == 0.0

@@ -59,6 +59,9 @@ def test_speculative_decoding_equals_greedy_and_a_perfect_drafter_is_accepted(ti
             def to_target(self, ids):  # the whole vocabulary: draft ids are target ids
                 return ids
 
+            def draft(self, hidden, anchor):  # the argmax of each position, as a DFlash drafter drafts
+                return hidden.argmax(-1)
+
         perfect = speculative_decode(Oracle(), target, ids, max_new_tokens=20)
         assert perfect["new_ids"] == greedy
         assert perfect["steps"][:3] == [6, 6, 6]  # B-1 accepted drafts + the target's bonus token

@@ -24,16 +24,18 @@ def one_thread():
         yield
 
 
-def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path, tiny_qwen3_dir, tiny_dataset):
+@pytest.mark.parametrize("family", [{}, {"family": "dspark", "markov_rank": 8}], ids=["dflash", "dspark"])
+def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path, tiny_qwen3_dir, tiny_dataset, family):
+    """DSpark's heads run on the drafter's output outside DDP's forward: their gradients are all-reduced too."""
     steps = 4
     # 1 rank, the global batch in 2 accumulation steps (the same sample groups the 2 ranks get)
     one = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/one", steps=steps, grad_accum=2,
-                    tokens_per_batch=256)
+                    tokens_per_batch=256, **family)
     single = train(run_config(one), DistInfo())
     assert single.completed
 
     two = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/two", steps=steps, grad_accum=1,
-                    tokens_per_batch=256)
+                    tokens_per_batch=256, **family)
     spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
     spec_path.write_text(json.dumps(two))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -52,6 +54,7 @@ def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path, tiny_qwen
         torch.testing.assert_close(w2[name], w1[name], atol=ATOL, rtol=0, msg=name)
         moved = max(moved, float((w1[name] - w1[name].mean()).abs().max()))
     assert moved > 0  # the comparison is between trained weights, not two copies of the init
+    assert not family or {"markov_head.markov_w2.weight", "confidence_head.proj.weight"} <= set(w1)
     # the loss curves agree too (metrics reduced across ranks)
     h1 = [r["loss"] for r in single.history]
     assert len(h1) == steps

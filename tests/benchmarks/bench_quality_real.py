@@ -60,6 +60,7 @@ LEVERS = {
     "anchors=32": {"max_anchors": 32},
     "schedule=wsd": {"decay": "wsd"},
     "optimizer=muon": {"optimizer": "muon"},
+    "muon+dpace": {"optimizer": "muon", "loss": "dpace"},  # the two best single levers together
 }
 
 

@@ -42,6 +42,7 @@ GGUF_VERSIONS = (2, 3)
 DEFAULT_MAX_BYTES = 64 << 30
 MAX_TENSORS = 100_000
 MAX_METADATA = 100_000
+MIN_BITS_PER_WEIGHT = 1.5  # the densest GGUF quantisations (IQ1_S) store about 1.56 bits per weight
 
 
 class GGUFError(ValueError):
@@ -117,15 +118,28 @@ def convert_gguf(path: str | Path, out_dir: str | Path, max_bytes: int = DEFAULT
 
     info = check_gguf(path, max_bytes, name)
     where = name or str(info.path)
-    folder, name = str(info.path.parent), info.path.name
+    # transformers also reads tokenizer and template files beside the GGUF (following links): the file must be
+    # alone in its folder, as :func:`import_claimed` puts it; a folder with anything else is refused
+    folder, name = info.path.parent, info.path.name
+    others = sorted(p.name for p in folder.iterdir() if p.name != name)
+    if others:
+        raise GGUFError(f"{where}: the GGUF file must be alone in its folder to be imported (beside it: {others[:5]})")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except (ValueError, KeyError, IndexError, TypeError, OSError) as exc:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
+        with torch.device("meta"):  # the size its metadata describes, before any memory is spent on it
+            params = sum(t.numel() for t in AutoModelForCausalLM.from_config(config).parameters())
+        if params > info.size * 8 / MIN_BITS_PER_WEIGHT:
+            raise GGUFError(f"{where}: its metadata describes {params:,} parameters, more than {info.size:,} bytes "
+                            f"hold at {MIN_BITS_PER_WEIGHT} bits per weight")
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                      trust_remote_code=False)
+    except GGUFError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever a malformed file provokes in transformers: no retry helps
         raise GGUFError(f"{where}: transformers cannot read it ({type(exc).__name__}: {exc})") from None
+    out.mkdir(parents=True, exist_ok=True)
     config.architectures = [type(loaded).__name__]
     config.dtype = torch.float32
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -157,11 +171,22 @@ def _check_no_code(directory: Path) -> None:
 
 
 def _local_source(source: str, roots: StorageRoots, scratch: Path, endpoint_url: str | None, max_bytes: int) -> Path:
-    """The GGUF file as a local path: a local file where it is (inside the roots after resolving symlinks), an
-    object downloaded into ``scratch`` once its length is known to be within ``max_bytes``."""
+    """The GGUF file copied alone into ``scratch`` (no more than ``max_bytes``): a local file (inside the roots
+    after resolving symlinks) or an object downloaded once its length is known to be within ``max_bytes``."""
     canonical = roots.check(source, "source")  # local paths: checked after resolving symlinks
     if canonical.startswith("file://"):
-        return Path(os.path.realpath(canonical[len("file://"):]))
+        local = Path(os.path.realpath(canonical[len("file://"):]))
+        dest = scratch / local.name
+        try:
+            with local.open("rb") as src, dest.open("wb") as out:
+                copied = _copy_at_most(src, out, max_bytes + 1)
+        except FileNotFoundError:
+            raise GGUFError(f"{source}: no such file") from None
+        except IsADirectoryError:
+            raise GGUFError(f"{source}: a directory, not a GGUF file") from None
+        if copied > max_bytes:
+            raise GGUFError(f"{source}: {local.stat().st_size:,} bytes is over the import limit of {max_bytes:,} bytes")
+        return dest
     root, key = split_uri(canonical)
     try:
         stream = open_store(root, endpoint_url=endpoint_url).open_read(key)  # one HEAD: the length, no data
@@ -176,6 +201,18 @@ def _local_source(source: str, roots: StorageRoots, scratch: Path, endpoint_url:
         # ranged reads end at the length the HEAD gave: no more than ``size`` bytes reach the disk
         shutil.copyfileobj(stream, out, RANGE_READ_SIZE)
     return dest
+
+
+def _copy_at_most(src, out, limit: int) -> int:
+    """Copy ``src`` to ``out`` until its end or ``limit`` bytes; returns the bytes copied."""
+    copied = 0
+    while copied < limit:
+        chunk = src.read(min(RANGE_READ_SIZE, limit - copied))
+        if not chunk:
+            break
+        out.write(chunk)
+        copied += len(chunk)
+    return copied
 
 
 def upload_dir(local: Path, store: ObjectStore) -> list[str]:
@@ -210,7 +247,8 @@ def import_claimed(source: str, output: str, roots: StorageRoots, *, endpoint_ur
         Path(work_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dfp-gguf-", dir=work_dir or None) as tmp:
         scratch = Path(tmp)
-        gguf_path = _local_source(source, roots, scratch, endpoint_url, max_bytes)
+        (scratch / "source").mkdir()
+        gguf_path = _local_source(source, roots, scratch / "source", endpoint_url, max_bytes)
         report("fetched", source_bytes=gguf_path.stat().st_size if gguf_path.is_file() else 0)
         converted = convert_gguf(gguf_path, scratch / "model", max_bytes, name=source)  # checks it first
         report("converted")

@@ -100,6 +100,42 @@ def test_bad_files_are_refused_with_the_reason(tiny_gguf, tmp_path):
         check_gguf(version)
 
 
+def test_metadata_describing_more_weights_than_the_file_holds_is_refused(tmp_path):
+    """A file of a few hundred kilobytes whose metadata states a 64-layer model of hidden size 8,192 is refused
+    from its metadata, before transformers allocates that model."""
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / "liar.gguf"
+    write_tiny_llama_gguf(path, claimed_shape=(8192, 64))
+    roots = StorageRoots([f"file://{tmp_path}"])
+    with pytest.raises(GGUFError, match=r"liar.gguf: its metadata describes [0-9,]+ parameters, more than"):
+        import_gguf(f"file://{path}", f"file://{tmp_path}/models/liar", roots, "alice")
+    assert list((tmp_path / "models" / "liar").iterdir()) == [tmp_path / "models" / "liar" / ".dflash-owner.json"]
+
+
+def test_files_beside_a_local_gguf_are_never_read(tiny_gguf, tmp_path):
+    """transformers reads tokenizer and template files beside a GGUF (following links): a link planted there to
+    a file outside the roots, or a planted template, must not reach the imported model."""
+    from transformers import AutoTokenizer
+
+    path, _ = tiny_gguf
+    secret = tmp_path / "outside" / "token"
+    secret.parent.mkdir()
+    secret.write_text("SECRET-TOKEN-123")
+    src = tmp_path / "store" / "in"
+    (src / "additional_chat_templates").mkdir(parents=True)
+    (src / "t.gguf").write_bytes(path.read_bytes())
+    (src / "additional_chat_templates" / "leak.jinja").symlink_to(secret)
+    (src / "chat_template.jinja").write_text("{{ 'PLANTED' }}")
+    (src / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ 'PLANTED' }}"}))
+    roots = StorageRoots([f"file://{tmp_path}/store"])
+    import_gguf(f"file://{src}/t.gguf", f"file://{tmp_path}/store/models/t", roots, "alice")
+    written = "".join(f.read_text(errors="replace") for f in (tmp_path / "store" / "models" / "t").rglob("*")
+                      if f.is_file())
+    assert "SECRET-TOKEN-123" not in written and "PLANTED" not in written
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "store" / "models" / "t")  # the file's own template
+    assert tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False).startswith("<|im_start|>")
+
+
 def test_an_architecture_without_a_builtin_model_is_refused(tmp_path):
     import gguf
     import numpy as np

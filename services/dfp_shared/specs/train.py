@@ -166,8 +166,9 @@ class TrainSpec(BaseModel):
 
     @model_validator(mode="after")
     def _family_fields(self) -> TrainSpec:
+        # a value other than the default (a normalised spec carries every field, at its default when unset)
         dspark_only = [name for name in ("markov_rank", "confidence_head", "confidence_loss_weight")
-                       if name in self.model_fields_set]
+                       if getattr(self, name) != type(self).model_fields[name].default]
         if self.family != "dspark" and dspark_only:
             raise ValueError(f"{', '.join(dspark_only)} set for family {self.family!r}: only `dspark` drafters have "
                              f"a Markov or confidence head")

@@ -167,6 +167,8 @@ def _spec(**fields):
 
 def test_the_spec_family_and_its_bounded_fields():
     assert _spec().family == "dflash"
+    # a normalised DFlash spec (every field at its default) validates again, as a worker re-validates it
+    assert TrainSpec.model_validate(_spec().model_dump()).family == "dflash"
     spec = _spec(family="dspark", markov_rank=64, confidence_loss_weight=0.2)
     assert spec.export_layouts() == ["zlab"]
     for bad, message in [({"family": "dspark", "markov_rank": 0}, "markov_rank"),

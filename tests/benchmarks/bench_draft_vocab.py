@@ -1,4 +1,5 @@
-"""Benchmark: the drafter's training step with the target's full LM head beside a pruned draft vocabulary.
+"""Benchmark: the drafter's training step with the target's full LM head beside a pruned draft vocabulary, per
+drafter family.
 
 At Qwen3's 151,936-token vocabulary the frozen LM head is the largest single cost of a drafter step: two
 GEMMs (logits, and the gradient of the hidden states) and a softmax over every row. A pruned vocabulary
@@ -10,6 +11,9 @@ median counts.
 * baseline - the full head (151,936 rows);
 * project  - a 32,768-row draft vocabulary (the public Qwen3-8B drafter's size); 8,192 rows beside it;
 * limit    - a 64-row vocabulary: the head's cost nearly gone, what the rest of the step costs.
+
+Each family other than DFlash (``--families``) steps at every size too, in the same rounds: its heads' cost
+beside DFlash's at the same vocabulary (``vs_dflash``).
 
 Run: ``python tests/benchmarks/bench_draft_vocab.py [--hidden 256] [--steps 3]``; the last line is JSON.
 :func:`draft_vocab_steps` is also the GPU check's ``draft_vocab`` stage, at the check's shapes.
@@ -26,12 +30,14 @@ import torch
 from _common import report
 from dfp_trainer.drafter.batch import Batch
 from dfp_trainer.drafter.config import DrafterConfig
-from dfp_trainer.drafter.model import DFlashDrafter
+from dfp_trainer.drafter.families import build_drafter
 from dfp_trainer.drafter.objective import dflash_loss
 from torch import nn
 
 QWEN3_VOCAB = 151_936
 SIZES = (None, 32_768, 8_192, 64)  # None: the target's full head
+# each family's own drafter config fields (the family follows from them), at the spec's defaults
+FAMILIES = {"dflash": {}, "dspark": {"markov_rank": 32, "confidence_head": True}}
 
 
 def _sync(device: torch.device) -> None:
@@ -41,9 +47,12 @@ def _sync(device: torch.device) -> None:
 
 def draft_vocab_steps(embed: nn.Embedding, head: nn.Linear, *, layers: int, heads: int, kv_heads: int,
                       head_dim: int, intermediate: int, block: int, anchors: int, tokens: int, sequences: int = 1,
-                      steps: int = 3, warmup: int = 1, sizes=SIZES, device: torch.device | None = None) -> dict:
+                      steps: int = 3, warmup: int = 1, sizes=SIZES, families=("dflash",),
+                      device: torch.device | None = None) -> dict:
     """Tokens/s of the drafter's training step over ``embed``/``head`` (the target's) per draft vocabulary
-    size (``None``: the full head; sizes not below the head's rows are skipped), and each one's speed-up."""
+    size (``None``: the full head; sizes not below the head's rows are skipped), and each one's speed-up over
+    DFlash's full head. DFlash's rows are keyed by size (``full``, ``32768``, ...), another family's by
+    ``family:size``, with ``vs_dflash`` its step time against DFlash's at that size."""
     device = device or head.weight.device
     vocab, hidden = head.weight.shape
     smallest = min(s for s in sizes if s) if any(sizes) else vocab
@@ -56,19 +65,21 @@ def draft_vocab_steps(embed: nn.Embedding, head: nn.Linear, *, layers: int, head
                   target_hidden=torch.randn(sequences, tokens, width, generator=g).to(dtype)).to(device)
     out: dict = {"vocab": vocab, "hidden": hidden, "rows_per_step": sequences * anchors * (block - 1)}
     variants = {}
-    for size in sizes:
-        if size is not None and size >= vocab:
-            continue
-        config = DrafterConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                               num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                               rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=max(4096, 2 * tokens),
-                               vocab_size=vocab, num_target_layers=layers + 4,
-                               target_layer_ids=list(range(1, layers + 1)), mask_token_id=vocab - 2,
-                               block_size=block, draft_vocab_size=size)
-        torch.manual_seed(0)
-        drafter = DFlashDrafter(config, embed, head, None if size is None else torch.arange(size)).to(device)
-        params = drafter.trainable_parameters()
-        variants[str(size or "full")] = (drafter, params, torch.optim.AdamW(params, lr=6e-4))
+    for family in families:
+        for size in sizes:
+            if size is not None and size >= vocab:
+                continue
+            config = DrafterConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                                   num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                                   rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=max(4096, 2 * tokens),
+                                   vocab_size=vocab, num_target_layers=layers + 4,
+                                   target_layer_ids=list(range(1, layers + 1)), mask_token_id=vocab - 2,
+                                   block_size=block, draft_vocab_size=size, **FAMILIES[family])
+            torch.manual_seed(0)
+            drafter = build_drafter(config, embed, head, None if size is None else torch.arange(size)).to(device)
+            params = drafter.trainable_parameters()
+            name = str(size or "full") if family == "dflash" else f"{family}:{size or 'full'}"
+            variants[name] = (drafter, params, torch.optim.AdamW(params, lr=6e-4))
     times: dict[str, list[float]] = {name: [] for name in variants}
     for i in range(warmup + steps):  # rounds interleave the variants: a shared machine's load falls on all alike
         for name, (drafter, params, optim) in variants.items():
@@ -89,6 +100,9 @@ def draft_vocab_steps(embed: nn.Embedding, head: nn.Linear, *, layers: int, head
     del variants
     full = out["full"]["step_s"]
     out["speedup"] = {k: full / v["step_s"] for k, v in out.items() if isinstance(v, dict) and "step_s" in v}
+    for name in times:
+        if ":" in name:
+            out[name]["vs_dflash"] = out[name.split(":", 1)[1]]["step_s"] / out[name]["step_s"]
     return out
 
 
@@ -100,6 +114,7 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=2)
     ap.add_argument("--anchors", type=int, default=64, help="anchors per sequence (the head's rows: anchors x (block - 1))")
     ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated families (of {list(FAMILIES)})")
     ap.add_argument("--steps", type=int, default=5, help="timed rounds (one step of each vocabulary) after a warm-up "
                                                       "round; each vocabulary's median counts")
     args = ap.parse_args()
@@ -109,16 +124,22 @@ def main() -> None:
     heads = max(1, args.hidden // 64)
     figures = draft_vocab_steps(embed, head, layers=args.layers, heads=heads, kv_heads=max(1, heads // 2), head_dim=64,
                                 intermediate=3 * args.hidden, block=args.block, anchors=args.anchors,
-                                tokens=args.tokens, sequences=args.sequences, steps=args.steps)
-    for key in ("full", "32768", "8192", "64"):
-        row = figures[key]
-        print(f"draft vocabulary {key:>6}: {row['step_s'] * 1e3:8.1f} ms/step, {row['tokens_per_s']:8,.0f} tok/s, "
-              f"{figures['speedup'][key]:.2f}x the full head")
+                                tokens=args.tokens, sequences=args.sequences, steps=args.steps,
+                                families=tuple(f for f in args.families.split(",") if f))
+    for key, row in figures.items():
+        if not isinstance(row, dict) or "step_s" not in row:
+            continue
+        family, size = key.split(":") if ":" in key else ("dflash", key)
+        versus = f", {row['vs_dflash']:.2f}x DFlash's step" if "vs_dflash" in row else ""
+        print(f"{family:>7} draft vocabulary {size:>6}: {row['step_s'] * 1e3:8.1f} ms/step, "
+              f"{row['tokens_per_s']:8,.0f} tok/s, {figures['speedup'][key]:.2f}x DFlash's full head{versus}")
     report("draft_vocab", "tokens/s", figures["32768"]["tokens_per_s"], baseline=figures["full"]["tokens_per_s"],
            limit=figures["64"]["tokens_per_s"], vocab=QWEN3_VOCAB, hidden=args.hidden,
            rows_per_step=figures["rows_per_step"],
            tokens_per_s_8192=round(figures["8192"]["tokens_per_s"], 1),
-           speedup_32768=round(figures["speedup"]["32768"], 3), speedup_8192=round(figures["speedup"]["8192"], 3))
+           speedup_32768=round(figures["speedup"]["32768"], 3), speedup_8192=round(figures["speedup"]["8192"], 3),
+           families={k: {"tokens_per_s": round(v["tokens_per_s"], 1), "vs_dflash": round(v["vs_dflash"], 3)}
+                     for k, v in figures.items() if isinstance(v, dict) and "vs_dflash" in v})
 
 
 if __name__ == "__main__":

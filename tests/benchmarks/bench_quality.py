@@ -13,7 +13,8 @@ Project: τ of the trained drafter (tokens per verify step). Baseline: τ of n-g
 Limit: the block size (every draft accepted). Also printed: the untrained drafter's τ, the
 acceptance of each draft position, and the wall time of each stage. ``--levers`` trains and
 evaluates one drafter per recipe lever (feature noise, loss decay γ, anchors, block size 16,
-D-PACE) beside the base recipe and prints τ per lever.
+D-PACE, the drafter families and draft vocabulary sizes) beside the base recipe and prints τ per lever,
+with the training's tokens/s and the draft vocabulary's coverage of the trained tokens.
 
 Stages are cached under ``--work`` by their inputs, so a second run (or another lever) redoes only
 what changed; a cached stage shows the time it took when it ran.
@@ -41,6 +42,15 @@ LEVERS = {
     "block_size=16": {"block_size": 16, "gamma": 7.0},
     "loss=dpace": {"loss": "dpace"},
 }
+# the drafter families and draft vocabularies (shared with the real-target benchmark): each beside the base
+# recipe's DFlash drafter over the target's full vocabulary
+FAMILY_LEVERS = {
+    "draft_vocab=32768": {"draft_vocab_size": 32_768},
+    "draft_vocab=8192": {"draft_vocab_size": 8_192},
+    "family=dspark": {"family": "dspark"},
+    "dspark+draft_vocab=8192": {"family": "dspark", "draft_vocab_size": 8_192},
+}
+LEVERS.update(FAMILY_LEVERS)
 
 
 def digest(*parts) -> str:
@@ -174,7 +184,7 @@ def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, untrained
     run = stages.run(f"train.{name}", key, lambda out: train(ctx["model"], ctx["dataset"], recipe, ctx["steps"], out))
     evaluated = stages.run(f"evaluate.{name}", digest(key, ctx["eval_key"]), lambda out: evaluate(
         ctx["model"], run / "drafter", [ctx["heldout"]], ctx["eval_prompts"], ctx["max_new_tokens"], out))
-    trained, start = sets(evaluated), None
+    trained, start, ran = sets(evaluated), None, train_figures(run)
     if untrained:
         start = sets(stages.run(f"evaluate-untrained.{name}", digest(key, ctx["eval_key"], "untrained"), lambda out: (
             untrained_export(ctx["model"], run / "drafter", out / "drafter"),
@@ -185,7 +195,14 @@ def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, untrained
             "ngram_position_acceptance": [round(p, 3) for p in trained["ngram"]["position_acceptance"]],
             "outputs_equal": all(p["outputs_equal"] for p in trained["per_prompt"]),
             "block_size": recipe["block_size"], "dflash_tokens_per_s": round(trained["dflash"]["tokens_per_s"], 1),
-            "ngram_tokens_per_s": round(trained["ngram"]["tokens_per_s"], 1)}
+            "ngram_tokens_per_s": round(trained["ngram"]["tokens_per_s"], 1), **ran}
+
+
+def train_figures(run: Path) -> dict:
+    """The training's tokens/s (target forward in process included) and the draft vocabulary's coverage."""
+    report_json = json.loads((run / "report.json").read_text())
+    return {"train_tokens_per_s": round(report_json["summary"]["tokens_per_s"], 1),
+            "draft_vocab_coverage": (report_json.get("draft_vocab") or {}).get("coverage")}
 
 
 def main() -> None:
@@ -237,11 +254,13 @@ def main() -> None:
               for name in chosen}
     print(f"\nheld-out prompts: {args.eval_prompts}, {args.max_new_tokens} new tokens each; drafter: "
           f"{args.steps} steps on {args.train_prompts} completions")
-    print(f"{'recipe':>16}  {'tau':>5}  {'untrained':>9}  {'ngram':>5}  per-position acceptance")
+    print(f"{'recipe':>24}  {'tau':>5}  {'untrained':>9}  {'ngram':>5}  {'train tok/s':>11}  {'coverage':>8}  "
+          "per-position acceptance")
     for name, f in {"base": base, **levers}.items():
         start = f"{f['tau_untrained']:9.2f}" if f["tau_untrained"] is not None else f"{'-':>9}"
-        print(f"{name:>16}  {f['tau']:5.2f}  {start}  {f['tau_ngram']:5.2f}  "
-              f"{f['position_acceptance']}")
+        coverage = f"{f['draft_vocab_coverage']:8.4f}" if f["draft_vocab_coverage"] is not None else f"{'-':>8}"
+        print(f"{name:>24}  {f['tau']:5.2f}  {start}  {f['tau_ngram']:5.2f}  {f['train_tokens_per_s']:11.0f}  "
+              f"{coverage}  {f['position_acceptance']}")
     print(f"stage wall times (s): {stages.times}")
     report("quality", "tokens/step", base["tau"], base["tau_ngram"], float(base["block_size"]),
            tau_untrained=round(base["tau_untrained"], 3), tau_vllm=round(base["tau_vllm"], 3),
@@ -249,7 +268,9 @@ def main() -> None:
            ngram_position_acceptance=base["ngram_position_acceptance"], outputs_equal=base["outputs_equal"],
            target=model.name, steps=args.steps, train_prompts=args.train_prompts, eval_prompts=args.eval_prompts,
            stage_seconds=stages.times,
-           levers={n: {k: f[k] for k in ("tau", "tau_vllm", "tau_ngram", "position_acceptance")}
+           train_tokens_per_s=base["train_tokens_per_s"],
+           levers={n: {k: f[k] for k in ("tau", "tau_vllm", "tau_ngram", "position_acceptance",
+                                         "train_tokens_per_s", "draft_vocab_coverage")}
                    for n, f in levers.items()})
 
 

@@ -61,6 +61,7 @@ LEVERS = {
     "schedule=wsd": {"decay": "wsd"},
     "optimizer=muon": {"optimizer": "muon"},
     "muon+dpace": {"optimizer": "muon", "loss": "dpace"},  # the two best single levers together
+    **bench_quality.FAMILY_LEVERS,
 }
 
 
@@ -155,7 +156,7 @@ def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, lever: bo
                "position_acceptance_mtbench": [round(p, 3) for p in mt["dflash"]["position_acceptance"]],
                "ngram_position_acceptance_mtbench": [round(p, 3) for p in mt["ngram"]["position_acceptance"]],
                "outputs_equal": all(p["outputs_equal"] for s in found for p in s["per_prompt"]),
-               "block_size": recipe["block_size"], "run": run}
+               "block_size": recipe["block_size"], "run": run, **bench_quality.train_figures(run)}
     if not lever:
         start_dir = stages.run(f"evaluate-untrained.{name}", digest(key, ctx["eval_key"], "untrained"), lambda out: (
             untrained_export(ctx["model"], run / "drafter", out / "drafter"),
@@ -244,11 +245,13 @@ def main() -> None:
     def shown(value) -> str:
         return "-" if value is None else f"{value:.2f}"
 
-    print(f"{'recipe':>16}  {'MT-Bench':>8}  {'n-gram':>6}  {'prompts':>7}  {'held-out':>8}  {'n-gram':>6}  "
-          "per-position (MT-Bench)")
+    print(f"{'recipe':>24}  {'MT-Bench':>8}  {'n-gram':>6}  {'prompts':>7}  {'held-out':>8}  {'n-gram':>6}  "
+          f"{'train tok/s':>11}  {'coverage':>8}  per-position (MT-Bench)")
     for name, f in {"base": base, **levers}.items():
-        print(f"{name:>16}  {f['tau_mtbench']:8.2f}  {f['tau_ngram_mtbench']:6.2f}  {f['mtbench_prompts']:7d}  "
-              f"{shown(f['tau_heldout']):>8}  {shown(f['tau_ngram_heldout']):>6}  {f['position_acceptance_mtbench']}")
+        coverage = "-" if f["draft_vocab_coverage"] is None else f"{f['draft_vocab_coverage']:.4f}"
+        print(f"{name:>24}  {f['tau_mtbench']:8.2f}  {f['tau_ngram_mtbench']:6.2f}  {f['mtbench_prompts']:7d}  "
+              f"{shown(f['tau_heldout']):>8}  {shown(f['tau_ngram_heldout']):>6}  {f['train_tokens_per_s']:11.0f}  "
+              f"{coverage:>8}  {f['position_acceptance_mtbench']}")
     print(f"untrained DFlash on MT-Bench: {base['tau_untrained']:.2f}; generation of {len(sample)} prompts: "
           f"transformers engine {throughput['transformers']['tokens_per_s']} tokens/s, OpenAI engine on the real "
           f"vLLM {throughput['openai']['tokens_per_s']} tokens/s"
@@ -265,8 +268,9 @@ def main() -> None:
            sharegpt_unreadable=prompts["sharegpt_errors"],
            target=model.name, steps=args.steps, train_prompts=len(train_records), recipe=BASE_RECIPE,
            stage_seconds=stages.times, **extra,
+           train_tokens_per_s=base["train_tokens_per_s"],
            levers={n: {k: f[k] for k in ("tau_mtbench", "tau_ngram_mtbench", "mtbench_prompts",
-                                         "position_acceptance_mtbench")}
+                                         "position_acceptance_mtbench", "train_tokens_per_s", "draft_vocab_coverage")}
                    for n, f in levers.items()})
 
 

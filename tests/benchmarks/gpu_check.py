@@ -400,7 +400,8 @@ def drafter_step(target, shape: Shape, device: torch.device, peak_tflops: float)
 
 def draft_vocab(target, shape: Shape, device: torch.device) -> dict:
     """The drafter step (SDPA) with the target's full LM head beside pruned draft vocabularies of 32,768, 8,192
-    and 64 rows (those below the vocabulary), labels in the smallest: ``bench_draft_vocab.draft_vocab_steps``."""
+    and 64 rows (those below the vocabulary), labels in the smallest, for every drafter family:
+    ``bench_draft_vocab.draft_vocab_steps``."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_draft_vocab", Path(__file__).with_name("bench_draft_vocab.py"))
@@ -410,7 +411,7 @@ def draft_vocab(target, shape: Shape, device: torch.device) -> dict:
                                    layers=shape.draft_layers, heads=shape.heads, kv_heads=shape.kv_heads,
                                    head_dim=shape.head_dim, intermediate=shape.intermediate, block=shape.block,
                                    anchors=shape.anchors, tokens=shape.tokens, steps=shape.steps, warmup=shape.warmup,
-                                   device=device)
+                                   families=tuple(bench.FAMILIES), device=device)
 
 
 def pipeline(source, target, shape: Shape, device: torch.device, target_rate: float, step_rate: float,
@@ -888,6 +889,11 @@ def table(report: dict) -> str:
             rows.append((f"drafter step, {size}-row vocab", _fmt(dv[size].get("tokens_per_s"), "tok/s"),
                          f"{_fmt(dv.get('speedup', {}).get(size))}x the full {dv.get('vocab')}-row head "
                          f"({_fmt(dv.get('full', {}).get('tokens_per_s'))} tok/s); draft_vocab_size"))
+    for key, row in dv.items():
+        if isinstance(row, dict) and "vs_dflash" in row:
+            family, size = key.split(":", 1)
+            rows.append((f"{family} drafter step, {size} vocab", _fmt(row.get("tokens_per_s"), "tok/s"),
+                         f"{_fmt(row['vs_dflash'])}x DFlash's step at that vocabulary"))
     rows += [
         ("flex vs SDPA", _fmt(st.get("flex_vs_sdpa"), "x"), "the trainer picks flex on CUDA (compiled)"),
         ("bf16 autocast vs fp32", _fmt(st.get("autocast_vs_fp32"), "x"),

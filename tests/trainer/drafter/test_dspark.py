@@ -171,12 +171,26 @@ def test_the_spec_family_and_its_bounded_fields():
     assert TrainSpec.model_validate(_spec().model_dump()).family == "dflash"
     spec = _spec(family="dspark", markov_rank=64, confidence_loss_weight=0.2)
     assert spec.export_layouts() == ["zlab"]
+    assert TrainSpec.model_validate(spec.model_dump()) == spec  # its DFlash2 fields at their defaults: accepted
+    spec = _spec(family="dflash2", conv_kernel_size=3, selector_top_k=4)
+    assert spec.export_layouts() == ["zlab"] and TrainSpec.model_validate(spec.model_dump()) == spec
     for bad, message in [({"family": "dspark", "markov_rank": 0}, "markov_rank"),
                          ({"family": "dspark", "markov_rank": 4096}, "markov_rank"),
                          ({"family": "dspark", "confidence_loss_weight": -1}, "confidence_loss_weight"),
                          ({"family": "dspark", "confidence_loss_weight": 1e9}, "confidence_loss_weight"),
                          ({"markov_rank": 8}, "only `dspark` drafters"),
                          ({"family": "dspark", "exports": ["speculators"]}, "zlab layout only"),
+                         ({"family": "dflash2", "conv_kernel_size": 0}, "conv_kernel_size"),
+                         ({"family": "dflash2", "conv_kernel_size": 65}, "conv_kernel_size"),
+                         ({"family": "dflash2", "conv_group_size": 0}, "conv_group_size"),
+                         ({"family": "dflash2", "selector_rank": 4096}, "selector_rank"),
+                         ({"family": "dflash2", "selector_top_k": 0}, "selector_top_k"),
+                         ({"family": "dflash2", "selector_top_k": 257}, "selector_top_k"),
+                         ({"selector_rank": 8}, "only `dflash2` drafters"),
+                         ({"family": "dspark", "conv_kernel_size": 2}, "only `dflash2` drafters"),
+                         ({"family": "dflash2", "markov_rank": 8}, "only `dspark` drafters"),
+                         ({"family": "dflash2", "draft_vocab_size": 1000}, "without mapping them to target ids"),
+                         ({"family": "dflash2", "exports": ["speculators"]}, "zlab layout only"),
                          ({"family": "medusa"}, "family")]:
         with pytest.raises(ValidationError, match=message):
             _spec(**bad)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,9 +22,9 @@ from dfp_dev.serving.check import drafter_method, drafter_needs_v2_runner
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from tests.e2e.test_vllm_dspark import _recorded_blocks
+from tests.e2e.test_vllm_dspark import _recorded_blocks, serve_check_refuses
 from tests.e2e.test_vllm_serve import _train_drafter, servable_target, vllm_python  # noqa: F401 (fixtures)
-from tests.trainer.train_support import ROOT, subprocess_env
+from tests.trainer.train_support import subprocess_env
 
 HEADS_SCRIPT = Path(__file__).with_name("vllm_dflash2_heads.py")
 FIELDS = dict(family="dflash2", conv_kernel_size=3, conv_group_size=16, selector_rank=8, selector_top_k=4)
@@ -103,9 +102,4 @@ def test_vllms_own_dflash2_modules_compute_and_draft_what_the_project_does(dflas
 
 def test_serve_check_takes_a_dflash2_drafter_and_shows_why_the_cpu_build_cannot_serve_it(
         servable_target, dflash2_drafter, vllm_python, tmp_path):  # noqa: F811
-    cmd = [sys.executable, "-m", "dfp_cli.main", "serve-check", "--target", str(servable_target), "--drafter",
-           str(dflash2_drafter), "--limit", "1", "--max-new-tokens", "8", "--vllm-python", str(vllm_python),
-           "--work-dir", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), cwd=ROOT, timeout=600)
-    assert "with the dflash2 drafter" in proc.stdout
-    assert proc.returncode == 1 and "Model Runner V2 requires Triton." in proc.stderr, proc.stderr[-2000:]
+    serve_check_refuses(servable_target, dflash2_drafter, "dflash2", vllm_python, tmp_path)

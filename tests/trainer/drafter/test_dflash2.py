@@ -16,8 +16,8 @@ from dfp_trainer.export.serving import serving_commands
 from dfp_trainer.export.zlab import export_drafter
 from safetensors import safe_open
 
-from tests.trainer.drafter.test_dspark import _block, _chain_batch
-from tests.trainer.drafter_support import one_thread, small_drafter
+from tests.trainer.drafter.test_dspark import _block, _chain_batch, train_on_chains
+from tests.trainer.drafter_support import small_drafter
 
 FIELDS = dict(conv_kernel_size=3, conv_group_size=8, selector_rank=4, selector_top_k=5)
 
@@ -88,18 +88,8 @@ def test_the_loss_is_dflash_cross_entropy_plus_the_teacher_forced_selector_cross
 
 
 def test_training_lowers_the_loss_and_moves_the_convolutions_and_the_selector():
-    with one_thread():
-        drafter = _dflash2(1)
-        batch = _chain_batch(2)
-        optim = torch.optim.AdamW(drafter.trainable_parameters(), lr=1e-2)
-        history = []
-        for step in range(60):
-            loss, metrics = dflash_loss(drafter, batch, max_anchors=8, gamma=4.0,
-                                        generator=torch.Generator().manual_seed(step))
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-            history.append((float(loss.detach()), metrics["accuracy"]))
+    drafter = _dflash2(1)
+    history = [(h["loss"], h["accuracy"]) for h in train_on_chains(drafter, 60)]
     print(f"DFlash2 loss {history[0][0]:.3f} -> {history[-1][0]:.3f}, accuracy {history[0][1]:.3f} -> "
           f"{history[-1][1]:.3f}")
     assert history[-1][0] < 0.6 * history[0][0] and history[-1][1] > history[0][1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dfp_shared.specs.train import TrainSpec
+from dfp_shared.specs.train import DFLASH2_FIELDS, TrainSpec
 
 from .drafter.config import DrafterConfig
 from .settings import TrainerSettings
@@ -39,4 +39,6 @@ class RunConfig:
                                         layer_types=spec.layer_types, sliding_window=spec.sliding_window,
                                         draft_vocab_size=spec.draft_vocab_size,
                                         **({"markov_rank": spec.markov_rank, "confidence_head": spec.confidence_head}
-                                           if spec.family == "dspark" else {}))
+                                           if spec.family == "dspark" else {}),
+                                        dflash2={name: getattr(spec, name) for name in DFLASH2_FIELDS}
+                                        if spec.family == "dflash2" else None)

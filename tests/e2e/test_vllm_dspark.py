@@ -132,11 +132,16 @@ def test_vllms_own_dspark_code_drafts_what_the_projects_decoder_drafts(which, re
     assert result["drafts"] == forced.tolist()
 
 
+def serve_check_refuses(target: Path, drafter: Path, kind: str, vllm_python, work: Path) -> None:  # noqa: F811
+    """serve-check starts vLLM with the ``kind`` drafter in the V2 runner, and shows why the CPU build stops."""
+    cmd = [sys.executable, "-m", "dfp_cli.main", "serve-check", "--target", str(target), "--drafter",
+           str(drafter), "--limit", "1", "--max-new-tokens", "8", "--vllm-python", str(vllm_python),
+           "--work-dir", str(work)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), cwd=ROOT, timeout=600)
+    assert f"with the {kind} drafter" in proc.stdout
+    assert proc.returncode == 1 and "Model Runner V2 requires Triton." in proc.stderr, proc.stderr[-2000:]
+
+
 def test_serve_check_takes_a_dspark_drafter_and_shows_why_the_cpu_build_cannot_serve_it(
         servable_target, dspark_drafter, vllm_python, tmp_path):  # noqa: F811
-    cmd = [sys.executable, "-m", "dfp_cli.main", "serve-check", "--target", str(servable_target), "--drafter",
-           str(dspark_drafter), "--limit", "1", "--max-new-tokens", "8", "--vllm-python", str(vllm_python),
-           "--work-dir", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), cwd=ROOT, timeout=600)
-    assert "with the dspark drafter" in proc.stdout
-    assert proc.returncode == 1 and "Model Runner V2 requires Triton." in proc.stderr, proc.stderr[-2000:]
+    serve_check_refuses(servable_target, dspark_drafter, "dspark", vllm_python, tmp_path)

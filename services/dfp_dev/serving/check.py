@@ -1,7 +1,8 @@
 """``dflash-pipeline serve-check``: the exported drafter served by a real vLLM, checked against the project.
 
 Starts vLLM's OpenAI server (from its own cached environment, :mod:`dfp_dev.serving.vllm_env`) for the target
-with the drafter as its speculator (method ``dflash``, or ``dspark`` for a DSpark drafter;
+with the drafter as its speculator (method ``dflash``, or ``dspark`` for a DSpark drafter; DSpark and DFlash2
+drafters in vLLM's V2 model runner;
 ``num_speculative_tokens`` = block size - 1), sends every prompt
 through ``/v1/chat/completions`` greedily in the drafter's thinking mode, and checks each output token
 for token against the project's plain greedy decode (``dflash-pipeline trainer reference-decode``).
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import click
 import httpx
-from dfp_trainer.drafter.config import DSPARK_ARCHITECTURE
+from dfp_trainer.drafter.config import DFLASH2_ARCHITECTURE, DSPARK_ARCHITECTURE
 
 from ..demo.config import RANDOM_TARGET_PROMPTS
 from .vllm_server import VllmServer, check_servable
@@ -57,9 +58,17 @@ def _drafter_config(drafter: Path) -> tuple[Path, dict]:
 
 def drafter_method(drafter: Path) -> str:
     """vLLM's speculative method for the drafter, from its ``config.json``: ``dspark`` for a DSpark drafter
-    (``architectures: ["Qwen3DSparkModel"]``), else ``dflash``."""
+    (``architectures: ["Qwen3DSparkModel"]``), else ``dflash`` (a DFlash2 drafter too: vLLM tells it by its
+    architecture)."""
     _, config = _drafter_config(drafter)
     return "dspark" if DSPARK_ARCHITECTURE in (config.get("architectures") or []) else "dflash"
+
+
+def drafter_needs_v2_runner(drafter: Path) -> bool:
+    """Whether vLLM drafts the drafter in its V2 model runner only: DSpark, and DFlash2 (its V1 runner refuses
+    ``DFlash candidate-head drafts``)."""
+    _, config = _drafter_config(drafter)
+    return bool({DSPARK_ARCHITECTURE, DFLASH2_ARCHITECTURE} & set(config.get("architectures") or []))
 
 
 def drafter_block_size(drafter: Path) -> int:
@@ -243,8 +252,9 @@ def serve_check(target, drafter, prompts, limit, max_new_tokens, thinking, vllm_
     check = ServeCheck(target.resolve(), drafter.resolve(), messages, ids, max_new_tokens, thinking, work)
     method = drafter_method(drafter)
     server = VllmServer(python, check.target, work, drafter_dir=check.drafter, num_speculative_tokens=block - 1,
-                        method=method)
-    click.echo(f"starting vLLM ({python}) for {check.target} with the {method} drafter {check.drafter} "
+                        method=method, v2_runner=drafter_needs_v2_runner(drafter))
+    kind = "dflash2" if DFLASH2_ARCHITECTURE in (_drafter_config(drafter)[1].get("architectures") or []) else method
+    click.echo(f"starting vLLM ({python}) for {check.target} with the {kind} drafter {check.drafter} "
                f"(block {block}, {block - 1} speculative tokens, thinking {'on' if thinking else 'off'}); "
                f"log {server.log_path}")
     started = time.monotonic()

@@ -124,12 +124,15 @@ def live_group_members(pgid: int) -> list[int]:
 
 class VllmServer:
     """``python -m vllm.entrypoints.openai.api_server`` serving ``model_dir``, optionally with a drafter served by
-    speculative ``method`` (``dflash``, or ``dspark`` for a DSpark drafter)."""
+    speculative ``method`` (``dflash``, or ``dspark`` for a DSpark drafter), in vLLM's V2 model runner when
+    ``v2_runner`` (DSpark and DFlash2 drafters; default: for method ``dspark``)."""
 
     def __init__(self, python: str | os.PathLike, model_dir: str | os.PathLike, log_dir: str | os.PathLike, *,
                  drafter_dir: str | os.PathLike | None = None, num_speculative_tokens: int | None = None,
-                 max_model_len: int = 2048, kv_cache_gib: int = 1, name: str = "vllm", method: str = "dflash"):
+                 max_model_len: int = 2048, kv_cache_gib: int = 1, name: str = "vllm", method: str = "dflash",
+                 v2_runner: bool | None = None):
         self.python, self.model_dir, self.name, self.method = str(python), str(model_dir), name, method
+        self.v2_runner = method == "dspark" if v2_runner is None else v2_runner
         self.drafter_dir, self.num_speculative_tokens = drafter_dir, num_speculative_tokens
         self.max_model_len, self.kv_cache_gib = max_model_len, kv_cache_gib
         self.group = ProcessGroup(log_dir)
@@ -154,7 +157,7 @@ class VllmServer:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_NO_USAGE_STATS": "1",
                "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.pop("PYTHONPATH", None)  # the environment's own packages, not the project's
-        if self.method == "dspark":  # vLLM drafts DSpark in its V2 model runner only (V1: unknown method)
+        if self.v2_runner:  # vLLM drafts DSpark and DFlash2 in its V2 model runner only
             env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         self.group.start(self.name, self.command(), env)
         deadline = time.monotonic() + timeout

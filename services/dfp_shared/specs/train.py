@@ -15,9 +15,9 @@ LayerType = Literal["full_attention", "sliding_attention"]
 FULL, SLIDING = get_args(LayerType)
 ExportLayout = Literal["zlab", "speculators"]
 """Layouts of the drafter export: the DFlash reference's (``drafter/``) and vLLM's speculators (``drafter-speculators/``)."""
-DrafterFamily = Literal["dflash", "dspark"]
-"""Drafter families the trainer builds: DFlash, and DSpark (DFlash plus a sequential Markov head and an optional
-confidence head)."""
+DrafterFamily = Literal["dflash", "dspark", "dflash2"]
+"""Drafter families the trainer builds: DFlash, DSpark (DFlash plus a sequential Markov head and an optional
+confidence head) and DFlash2 (DFlash plus in-block grouped convolutions and a top-k candidate selector)."""
 LossKind = Literal["decay", "dpace"]
 """Position weightings of the block cross-entropy: fixed exp(-(k-1)/gamma) decay, or D-PACE (the trainer's objective)."""
 TargetEndpointName = endpoint_name("hidden-state target")
@@ -33,6 +33,13 @@ MAX_LAYERS = 64
 MAX_SEQ_TOKENS = 1 << 20
 MAX_VOCAB = 1 << 20  # rows of a draft vocabulary (the largest public vocabularies hold about 2^18)
 MAX_MARKOV_RANK = 1024  # a rank-r Markov head is two V x r matrices: beyond this it outweighs the draft layers
+MAX_SELECTOR_RANK = 1024  # DFlash2's candidate selector is two V x r codebooks, bounded as the Markov head
+MAX_SELECTOR_TOP_K = 256  # DFlash2's walk scores top_k x top_k edges per drafted position
+MAX_CONV_GROUP = 1 << 16  # channels per group of DFlash2's convolutions (at most a hidden size)
+
+
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+"""The spec fields of a DFlash2 drafter, named as vLLM reads them from ``dflash_config``."""
 
 
 def _shown(n: int | float) -> str:
@@ -74,17 +81,30 @@ class TrainSpec(BaseModel):
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="Global gradient-norm clip (at most 10^6).")
     seed: int = Field(0, ge=0, lt=1 << 63,
                       description="Seed of initialisation, shuffling, anchor sampling and noise (0..2^63-1).")
-    family: DrafterFamily = Field("dflash", description="Drafter family: `dflash`, or `dspark`: the DFlash drafter plus a "
+    family: DrafterFamily = Field("dflash", description="Drafter family: `dflash`; `dspark`: the DFlash drafter plus a "
                                                         "low-rank Markov head (the previous draft token's rank-r "
                                                         "embedding projected to a bias on the next position's logits, "
                                                         "applied left to right when drafting) and an optional "
-                                                        "confidence head; served by vLLM as method `dspark`.")
+                                                        "confidence head, served by vLLM as method `dspark`; or "
+                                                        "`dflash2`: the DFlash drafter with grouped convolutions over "
+                                                        "the earlier tokens of its block around each layer's attention "
+                                                        "and MLP, and a low-rank selector that drafts each position "
+                                                        "among its top-k tokens given the token drafted before it; "
+                                                        "served by vLLM as `DFlash2DraftModel` with method `dflash`.")
     markov_rank: int = _within(32, 1, MAX_MARKOV_RANK, "Rank of the DSpark Markov head ({}); `dspark` only.")
     confidence_head: bool = Field(True, description="Whether a DSpark drafter has a confidence head (each position's "
                                                     "probability that its draft is right, trained by binary "
                                                     "cross-entropy); `dspark` only.")
     confidence_loss_weight: float = _within(0.1, 0, 100, "Weight of the confidence head's binary cross-entropy beside "
                                             "the block cross-entropy ({}); `dspark` with `confidence_head` only.")
+    conv_kernel_size: int = _within(4, 1, 64, "Taps of the DFlash2 convolutions ({}): each block token reads "
+                                    "itself and up to taps-1 tokens before it in its block; `dflash2` only.")
+    conv_group_size: int = _within(64, 1, MAX_CONV_GROUP, "Channels per group of the DFlash2 convolutions ({}; must "
+                                   "divide the target's hidden size); `dflash2` only.")
+    selector_rank: int = _within(64, 1, MAX_SELECTOR_RANK, "Rank of the DFlash2 candidate selector's codebooks ({}); "
+                                 "`dflash2` only.")
+    selector_top_k: int = _within(8, 1, MAX_SELECTOR_TOP_K, "Candidates per drafted position among which the DFlash2 "
+                                  "selector chooses ({}); `dflash2` only.")
     num_draft_layers: int = _within(5, 1, MAX_LAYERS, "Draft decoder layers (one target layer feeds each), {}.")
     block_size: int = _within(16, 2, 64, "Tokens per draft block (anchor + block_size-1 masks), {}.")
     layer_types: list[LayerType] | None = Field(
@@ -172,8 +192,15 @@ class TrainSpec(BaseModel):
         if self.family != "dspark" and dspark_only:
             raise ValueError(f"{', '.join(dspark_only)} set for family {self.family!r}: only `dspark` drafters have "
                              f"a Markov or confidence head")
-        if self.family == "dspark" and self.exports and "speculators" in self.exports:
-            raise ValueError("exports: vLLM reads DSpark drafters from the zlab layout only; export only zlab")
+        dflash2_only = [name for name in DFLASH2_FIELDS if getattr(self, name) != type(self).model_fields[name].default]
+        if self.family != "dflash2" and dflash2_only:
+            raise ValueError(f"{', '.join(dflash2_only)} set for family {self.family!r}: only `dflash2` drafters have "
+                             f"convolutions and a candidate selector")
+        if self.family == "dflash2" and self.draft_vocab_size is not None:
+            raise ValueError("draft_vocab_size with family 'dflash2': vLLM's DFlash2 drafts its LM head's row ids "
+                             "without mapping them to target ids, so a pruned vocabulary would be served wrongly")
+        if self.family != "dflash" and self.exports and "speculators" in self.exports:
+            raise ValueError(f"exports: vLLM reads {self.family} drafters from the zlab layout only; export only zlab")
         return self
 
     @model_validator(mode="after")
@@ -187,7 +214,7 @@ class TrainSpec(BaseModel):
         """The layouts to export: the spec's, or every one the layer types allow."""
         if self.exports:
             return list(dict.fromkeys(self.exports))
-        if self.family == "dspark":
+        if self.family != "dflash":
             return ["zlab"]
         return ["zlab"] + (["speculators"] if len(set(self.layer_types or [FULL])) == 1 else [])
 

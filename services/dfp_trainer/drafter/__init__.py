@@ -14,10 +14,11 @@
 * :mod:`.load` - an exported drafter loaded back; :mod:`.wrappers` - the drafter inside DDP / compile.
 
 * :mod:`.dspark` - :class:`~.dspark.DSparkDrafter`, the DFlash drafter plus a sequential Markov head and a
-  confidence head (vLLM's method ``dspark``); :mod:`.families` - the module of each family
-  (:func:`~.families.build_drafter`).
+  confidence head (vLLM's method ``dspark``); :mod:`.dflash2` - :class:`~.dflash2.DFlash2Drafter`, the DFlash
+  drafter plus in-block grouped convolutions and a top-k candidate selector (vLLM's ``DFlash2DraftModel``);
+  :mod:`.families` - the module of each family (:func:`~.families.build_drafter`).
 
-Further drafter families (DFlash2, ...) go here as small modules of their own sharing the backbone
+Further drafter families go here as small modules of their own sharing the backbone
 (the draft layers of :mod:`.modeling_dflash`), the masks of :mod:`.attention` and the objective of
 :mod:`.objective`.
 

@@ -9,7 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from dfp_shared.specs.train import MAX_MARKOV_RANK, LayerType
+from dfp_shared.specs.train import (
+    DFLASH2_FIELDS,
+    MAX_CONV_GROUP,
+    MAX_MARKOV_RANK,
+    MAX_SELECTOR_RANK,
+    MAX_SELECTOR_TOP_K,
+    LayerType,
+)
 from transformers import Qwen3Config
 
 from .attention import FULL, SLIDING
@@ -17,6 +24,9 @@ from .attention import FULL, SLIDING
 LAYER_TYPES = get_args(LayerType)
 ARCHITECTURE = "DFlashDraftModel"
 DSPARK_ARCHITECTURE = "Qwen3DSparkModel"  # vLLM's Qwen3 DSpark drafter (served as method ``dspark``)
+DFLASH2_ARCHITECTURE = "DFlash2DraftModel"  # vLLM's DFlash2Qwen3ForCausalLM (served as method ``dflash``)
+# dflash_config keys vLLM's DFlash2 reads with a default; the project drafts at these values only
+_DFLASH2_FIXED = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
 AUTO_MODEL = "modeling_dflash.DFlashDraftModel"  # the modeling file's class, for AutoModel with trust_remote_code
 # rope keys of targets whose attention a Qwen3 layer does not have (partial rotary, multimodal sections)
 _NOT_QWEN3_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
@@ -52,6 +62,10 @@ class DrafterConfig:
     draft_vocab_size: int | None = None  # rows of the drafter's own LM head (a pruned vocabulary); None: the target's
     markov_rank: int | None = None  # DSpark: rank of the Markov head (see :mod:`.dspark`); None: a DFlash drafter
     confidence_head: bool = False  # DSpark: whether the drafter has a confidence head
+    conv_kernel_size: int | None = None  # DFlash2: taps of the in-block convolutions (see :mod:`.dflash2`)
+    conv_group_size: int | None = None  # DFlash2: channels per convolution group
+    selector_rank: int | None = None  # DFlash2: rank of the candidate selector's codebooks
+    selector_top_k: int | None = None  # DFlash2: candidates per drafted position
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -87,6 +101,7 @@ class DrafterConfig:
             raise ValueError(f"markov_rank must be 1..{MAX_MARKOV_RANK}, got {self.markov_rank}")
         if self.confidence_head and self.markov_rank is None:
             raise ValueError("a confidence head is a DSpark drafter's: set markov_rank")
+        self._validate_dflash2()
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
         unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
@@ -98,14 +113,41 @@ class DrafterConfig:
             raise ValueError(f"rope_parameters.rope_theta {self.rope_parameters['rope_theta']} differs from "
                              f"rope_theta {self.rope_theta}")
 
+    def _validate_dflash2(self) -> None:
+        given = [getattr(self, name) is not None for name in DFLASH2_FIELDS]
+        if not any(given):
+            return
+        if not all(given):
+            raise ValueError(f"a DFlash2 drafter needs all of {', '.join(DFLASH2_FIELDS)}")
+        if self.markov_rank is not None:
+            raise ValueError("a drafter is DSpark (markov_rank) or DFlash2 (conv_kernel_size), not both")
+        if self.pruned:
+            raise ValueError("a DFlash2 drafter drafts the target's whole vocabulary: vLLM takes its candidates' ids "
+                             "from the LM head's rows without mapping them by d2t")
+        for name, low, high in (("conv_kernel_size", 1, self.block_size), ("conv_group_size", 1, MAX_CONV_GROUP),
+                                ("selector_rank", 1, MAX_SELECTOR_RANK),
+                                ("selector_top_k", 1, min(MAX_SELECTOR_TOP_K, self.vocab_size))):
+            if not low <= int(getattr(self, name)) <= high:
+                raise ValueError(f"{name} must be {low}..{high}, got {getattr(self, name)}")
+        if self.hidden_size % int(self.conv_group_size):
+            raise ValueError(f"conv_group_size {self.conv_group_size} does not divide hidden_size {self.hidden_size}")
+
     @property
     def num_context_features(self) -> int:
         return len(self.target_layer_ids)
 
     @property
     def family(self) -> str:
-        """``dspark`` with a Markov head, else ``dflash``: the drafter module and vLLM's method of that name."""
-        return "dflash" if self.markov_rank is None else "dspark"
+        """``dspark`` with a Markov head, ``dflash2`` with convolutions, else ``dflash``: the drafter module."""
+        if self.markov_rank is not None:
+            return "dspark"
+        return "dflash" if self.conv_kernel_size is None else "dflash2"
+
+    @property
+    def serving_method(self) -> str:
+        """vLLM's speculative method: ``dspark`` for DSpark; ``dflash`` for DFlash and DFlash2 (vLLM tells DFlash2
+        by its architecture)."""
+        return "dspark" if self.family == "dspark" else "dflash"
 
     @property
     def pruned(self) -> bool:
@@ -146,8 +188,10 @@ class DrafterConfig:
         causality = self.causality_fields()
         dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
                   "block_size": self.block_size, **causality.pop("dflash_config", {})}
-        family = self._dspark_fields() if self.family == "dspark" else \
-            {"architectures": [ARCHITECTURE], "auto_map": {"AutoModel": AUTO_MODEL}}
+        if self.family == "dflash2":  # vLLM reads them from dflash_config; no AutoModel class (DFlash's file)
+            dflash.update({name: int(getattr(self, name)) for name in DFLASH2_FIELDS}, **_DFLASH2_FIXED)
+        family = self._dspark_fields() if self.family == "dspark" else {"architectures": [DFLASH2_ARCHITECTURE]} \
+            if self.family == "dflash2" else {"architectures": [ARCHITECTURE], "auto_map": {"AutoModel": AUTO_MODEL}}
         return {"architectures": family.pop("architectures"), "model_type": "qwen3",
                 **{name: getattr(qwen3, name) for name in _QWEN3_KEYS},
                 "rope_theta": self.rope_theta, **causality, "block_size": self.block_size,
@@ -167,15 +211,20 @@ class DrafterConfig:
     def from_config_dict(cls, data: Mapping[str, Any], source: str = "config.json") -> DrafterConfig:
         """The inverse of :meth:`to_config_dict`: a drafter's config from its ``config.json`` dict."""
         architectures = data.get("architectures") or []
-        dspark = DSPARK_ARCHITECTURE in architectures
-        if ARCHITECTURE not in architectures and not dspark:
-            raise ValueError(f"{source}: architectures {architectures} names neither {ARCHITECTURE} nor "
-                             f"{DSPARK_ARCHITECTURE}")
+        dspark, dflash2 = DSPARK_ARCHITECTURE in architectures, DFLASH2_ARCHITECTURE in architectures
+        if ARCHITECTURE not in architectures and not dspark and not dflash2:
+            raise ValueError(f"{source}: architectures {architectures} names none of {ARCHITECTURE}, "
+                             f"{DSPARK_ARCHITECTURE}, {DFLASH2_ARCHITECTURE}")
         if dspark and (data.get("sample_from_anchor", True) or data.get("confidence_head_with_markov")):
             raise ValueError(f"{source}: a DSpark drafter here drafts from the DFlash block with a confidence head of "
                              f"the hidden state (sample_from_anchor and confidence_head_with_markov false)")
         dflash = data.get("dflash_config") or {}
-        for name in ("mask_token_id", "target_layer_ids"):
+        if dflash2:
+            for name, value in _DFLASH2_FIXED.items():
+                if dflash.get(name) is not None and float(dflash[name]) != value:
+                    raise ValueError(f"{source}: dflash_config.{name} {dflash[name]}: the project drafts DFlash2 "
+                                     f"with {value} only")
+        for name in ("mask_token_id", "target_layer_ids", *(DFLASH2_FIELDS if dflash2 else ())):
             if dflash.get(name) is None:
                 raise ValueError(f"{source}: field dflash_config.{name} missing")
         for name, value in (("is_causal", data.get("is_causal")), ("dflash_config.causal", dflash.get("causal"))):
@@ -191,7 +240,8 @@ class DrafterConfig:
                       attention_bias=bool(data.get("attention_bias", False)),
                       draft_vocab_size=data.get("draft_vocab_size"),
                       markov_rank=int(cfg.get("markov_rank")) if dspark else None,
-                      confidence_head=bool(data.get("enable_confidence_head", False)) and dspark)
+                      confidence_head=bool(data.get("enable_confidence_head", False)) and dspark,
+                      **{name: int(dflash[name]) if dflash2 else None for name in DFLASH2_FIELDS})
         try:
             return cls(**fields)
         except ValueError as exc:
@@ -201,8 +251,10 @@ class DrafterConfig:
     def for_target(cls, target_config: Any, num_layers: int = 1, block_size: int = 16, mask_token_id: int | None = None,
                    target_layer_ids: list[int] | None = None, layer_types: list[str] | None = None,
                    sliding_window: int | None = None, draft_vocab_size: int | None = None,
-                   markov_rank: int | None = None, confidence_head: bool = False) -> DrafterConfig:
-        """A drafter config sized to a target (a HF config object or its ``config.json`` dict), with its RoPE."""
+                   markov_rank: int | None = None, confidence_head: bool = False,
+                   dflash2: Mapping[str, int] | None = None) -> DrafterConfig:
+        """A drafter config sized to a target (a HF config object or its ``config.json`` dict), with its RoPE;
+        ``dflash2``: the DFlash2 fields (:data:`~dfp_shared.specs.train.DFLASH2_FIELDS`) of a DFlash2 drafter."""
         cfg = _ConfigView(target_config, "target config")
         num_target_layers = int(cfg.get("num_hidden_layers"))
         if mask_token_id is None:
@@ -218,7 +270,8 @@ class DrafterConfig:
         return cls(**_shape_fields(cfg), num_hidden_layers=num_layers, num_target_layers=num_target_layers,
                    target_layer_ids=list(target_layer_ids), mask_token_id=int(mask_token_id), block_size=block_size,
                    layer_types=list(layer_types or []), sliding_window=sliding_window,
-                   draft_vocab_size=draft_vocab_size, markov_rank=markov_rank, confidence_head=confidence_head)
+                   draft_vocab_size=draft_vocab_size, markov_rank=markov_rank, confidence_head=confidence_head,
+                   **dict(dflash2 or {}))
 
 
 class _ConfigView:

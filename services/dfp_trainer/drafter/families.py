@@ -7,10 +7,12 @@ import torch
 from torch import nn
 
 from .config import DrafterConfig
+from .dflash2 import DFlash2Drafter
 from .dspark import DSparkDrafter
 from .model import DFlashDrafter
 
-FAMILIES: dict[str, type[DFlashDrafter]] = {"dflash": DFlashDrafter, "dspark": DSparkDrafter}
+FAMILIES: dict[str, type[DFlashDrafter]] = {"dflash": DFlashDrafter, "dspark": DSparkDrafter,
+                                             "dflash2": DFlash2Drafter}
 
 
 def build_drafter(config: DrafterConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear,

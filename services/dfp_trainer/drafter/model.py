@@ -29,7 +29,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from .attention import AttentionMasks, attention_fn
 from .config import DrafterConfig
 from .head_loss import head_cross_entropy
-from .modeling_dflash import add_draft_head, add_draft_modules, draft_hidden, draft_to_target
+from .modeling_dflash import DraftLayer, add_draft_head, add_draft_modules, draft_hidden, draft_to_target
 from .vocab import d2t_of, target_to_draft
 
 
@@ -51,12 +51,16 @@ class DFlashDrafter(nn.Module):
         if config.vocab_size > rows:  # a stored config sizes the draft head and DSpark's tables by it
             raise ValueError(f"vocab_size {config.vocab_size} is more than the target embedding's {rows} rows")
         self.config = config
-        add_draft_modules(self, config.qwen3_config(), config.num_context_features)
+        add_draft_modules(self, config.qwen3_config(), config.num_context_features, self.draft_layer)
         embed_tokens.requires_grad_(False)
         lm_head.requires_grad_(False)
         self._target = (embed_tokens, lm_head)  # a tuple: frozen and not registered
         self.reset_parameters()
         self._add_pruned_head(draft_ids)
+
+    def draft_layer(self, config, index: int) -> nn.Module:
+        """Draft layer ``index`` of the family (DFlash: :class:`~.modeling_dflash.DraftLayer`)."""
+        return DraftLayer(config, index)
 
     def _add_pruned_head(self, draft_ids: torch.Tensor | None) -> None:
         holder = nn.Module()

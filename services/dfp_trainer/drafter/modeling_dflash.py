@@ -97,10 +97,11 @@ class DraftLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def add_draft_modules(model: nn.Module, config: Qwen3Config, num_context_features: int) -> None:
+def add_draft_modules(model: nn.Module, config: Qwen3Config, num_context_features: int, layer=DraftLayer) -> None:
     """The trained part of a drafter, as attributes of ``model`` (the export's tensor names): draft
-    ``layers``, final ``norm``, context projection ``fc`` and its ``hidden_norm``; and the rotary table."""
-    model.layers = nn.ModuleList(DraftLayer(config, i) for i in range(config.num_hidden_layers))
+    ``layers`` (``layer(config, i)``: a :class:`DraftLayer` or a family's), final ``norm``, context projection
+    ``fc`` and its ``hidden_norm``; and the rotary table."""
+    model.layers = nn.ModuleList(layer(config, i) for i in range(config.num_hidden_layers))
     model.norm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)
     model.fc = nn.Linear(num_context_features * config.hidden_size, config.hidden_size, bias=False)
     model.hidden_norm = Qwen3RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -125,7 +125,8 @@ def verify_decode(propose: Proposer, target, prompt_ids: torch.Tensor, *, max_ne
 def dflash_proposer(drafter) -> Proposer:
     """The drafter as a proposer: one forward over ``[anchor, mask * n]`` with the target's context, then the
     family's :meth:`~dfp_trainer.drafter.model.DFlashDrafter.draft` (DFlash: the argmax over the drafter's
-    vocabulary, mapped to target ids; DSpark: that plus its Markov head, left to right)."""
+    vocabulary, mapped to target ids; DSpark: that plus its Markov head, left to right; DFlash2: its selector's walk
+    over the top-k candidates, left to right)."""
     cfg = drafter.config
 
     def propose(seq: torch.Tensor, context: torch.Tensor | None, n: int) -> torch.Tensor:
@@ -136,7 +137,7 @@ def dflash_proposer(drafter) -> Proposer:
         ctx_pos = torch.arange(start, device=dev)
         masks = decode_masks(start, ctx_pos, n + 1, cfg.layer_types, cfg.sliding_window)
         hidden = drafter(block[None], positions[None], context[None], ctx_pos, masks)  # (1, n + 1, H)
-        return drafter.draft(hidden[0, 1:], block[0])  # the family's drafting: DSpark's Markov head left to right
+        return drafter.draft(hidden[0, 1:], block[0])  # the family's drafting (DSpark, DFlash2: left to right)
 
     return propose
 

@@ -28,7 +28,7 @@ def serving_commands(config: DrafterConfig, target: str, drafter: str, speculato
     n = config.block_size - 1
     mixed = len(set(config.layer_types)) > 1
     env = "VLLM_USE_V2_MODEL_RUNNER=1 " if mixed else ""
-    spec = {"method": config.family, "model": drafter, "num_speculative_tokens": n, "attention_backend": "FLASH_ATTN"}
+    spec = {"method": config.serving_method, "model": drafter, "num_speculative_tokens": n, "attention_backend": "FLASH_ATTN"}
     commands = {
         "vllm": f"{env}vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(json.dumps(spec))}",
         "sglang": " ".join(["python -m sglang.launch_server", "--model-path", shlex.quote(target),
@@ -36,7 +36,7 @@ def serving_commands(config: DrafterConfig, target: str, drafter: str, speculato
                             f"--speculative-num-draft-tokens {config.block_size}", "--attention-backend fa3"]),
         "transformers": _TRANSFORMERS_SNIPPET.format(drafter=drafter, target=target),
     }
-    if config.family == "dspark":  # vLLM's DSpark drafter: its V2 model runner only; no SGLang or AutoModel route
+    if config.family != "dflash":  # vLLM's DSpark and DFlash2: its V2 model runner only; no SGLang or AutoModel route
         del commands["sglang"], commands["transformers"]
         commands["vllm"] = "VLLM_USE_V2_MODEL_RUNNER=1 " + commands["vllm"].removeprefix(env)
     if speculators:

@@ -72,19 +72,26 @@ def test_the_loss_is_the_teacher_forced_markov_cross_entropy_plus_the_weighted_c
     assert all(bool(g.abs().sum() > 0) for g in grads)  # both heads are trained
 
 
-def test_training_lowers_the_loss_and_the_confidence_head_learns():
+def train_on_chains(drafter, steps: int, **loss_fields) -> list[dict]:
+    """``steps`` AdamW steps of the objective on :func:`_chain_batch` (one thread); each step's loss and metrics."""
     with one_thread():
-        drafter = _dspark(1)
         batch = _chain_batch(2)
         optim = torch.optim.AdamW(drafter.trainable_parameters(), lr=1e-2)
         history = []
-        for step in range(80):
+        for step in range(steps):
             loss, metrics = dflash_loss(drafter, batch, max_anchors=8, gamma=4.0,
-                                        generator=torch.Generator().manual_seed(step), confidence_weight=1.0)
+                                        generator=torch.Generator().manual_seed(step), **loss_fields)
             optim.zero_grad()
             loss.backward()
             optim.step()
-            history.append((float(loss.detach()), metrics["confidence_bce"], metrics["accuracy"]))
+            history.append({**metrics, "loss": float(loss.detach())})
+    return history
+
+
+def test_training_lowers_the_loss_and_the_confidence_head_learns():
+    drafter = _dspark(1)
+    history = [(h["loss"], h["confidence_bce"], h["accuracy"]) for h in train_on_chains(drafter, 80,
+                                                                                      confidence_weight=1.0)]
     first, last = history[0], history[-1]
     assert last[0] < 0.6 * first[0] and last[2] > first[2]
     assert last[1] < first[1] == pytest.approx(math.log(2))  # the confidence head moved off its even guess
@@ -171,12 +178,26 @@ def test_the_spec_family_and_its_bounded_fields():
     assert TrainSpec.model_validate(_spec().model_dump()).family == "dflash"
     spec = _spec(family="dspark", markov_rank=64, confidence_loss_weight=0.2)
     assert spec.export_layouts() == ["zlab"]
+    assert TrainSpec.model_validate(spec.model_dump()) == spec  # its DFlash2 fields at their defaults: accepted
+    spec = _spec(family="dflash2", conv_kernel_size=3, selector_top_k=4)
+    assert spec.export_layouts() == ["zlab"] and TrainSpec.model_validate(spec.model_dump()) == spec
     for bad, message in [({"family": "dspark", "markov_rank": 0}, "markov_rank"),
                          ({"family": "dspark", "markov_rank": 4096}, "markov_rank"),
                          ({"family": "dspark", "confidence_loss_weight": -1}, "confidence_loss_weight"),
                          ({"family": "dspark", "confidence_loss_weight": 1e9}, "confidence_loss_weight"),
                          ({"markov_rank": 8}, "only `dspark` drafters"),
                          ({"family": "dspark", "exports": ["speculators"]}, "zlab layout only"),
+                         ({"family": "dflash2", "conv_kernel_size": 0}, "conv_kernel_size"),
+                         ({"family": "dflash2", "conv_kernel_size": 65}, "conv_kernel_size"),
+                         ({"family": "dflash2", "conv_group_size": 0}, "conv_group_size"),
+                         ({"family": "dflash2", "selector_rank": 4096}, "selector_rank"),
+                         ({"family": "dflash2", "selector_top_k": 0}, "selector_top_k"),
+                         ({"family": "dflash2", "selector_top_k": 257}, "selector_top_k"),
+                         ({"selector_rank": 8}, "only `dflash2` drafters"),
+                         ({"family": "dspark", "conv_kernel_size": 2}, "only `dflash2` drafters"),
+                         ({"family": "dflash2", "markov_rank": 8}, "only `dspark` drafters"),
+                         ({"family": "dflash2", "draft_vocab_size": 1000}, "without mapping them to target ids"),
+                         ({"family": "dflash2", "exports": ["speculators"]}, "zlab layout only"),
                          ({"family": "medusa"}, "family")]:
         with pytest.raises(ValidationError, match=message):
             _spec(**bad)

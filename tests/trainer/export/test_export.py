@@ -76,7 +76,7 @@ def test_load_exported_bad_directories(tmp_path):
     out = export_drafter(drafter, tmp_path / "arch")
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}))
-    with pytest.raises(ValueError, match="names neither DFlashDraftModel nor Qwen3DSparkModel"):
+    with pytest.raises(ValueError, match="names none of DFlashDraftModel, Qwen3DSparkModel, DFlash2DraftModel"):
         load_exported(out, embed, head)
     del config["dflash_config"]["mask_token_id"]
     (out / "config.json").write_text(json.dumps(config))

@@ -12,8 +12,8 @@ median counts.
 * project  - a 32,768-row draft vocabulary (the public Qwen3-8B drafter's size); 8,192 rows beside it;
 * limit    - a 64-row vocabulary: the head's cost nearly gone, what the rest of the step costs.
 
-Each family other than DFlash (``--families``) steps at every size too, in the same rounds: its heads' cost
-beside DFlash's at the same vocabulary (``vs_dflash``).
+Each family other than DFlash (``--families``) steps at every size it takes too (DFlash2 the full head only),
+in the same rounds: its heads' cost beside DFlash's at the same vocabulary (``vs_dflash``).
 
 Run: ``python tests/benchmarks/bench_draft_vocab.py [--hidden 256] [--steps 3]``; the last line is JSON.
 :func:`draft_vocab_steps` is also the GPU check's ``draft_vocab`` stage, at the check's shapes.
@@ -37,7 +37,9 @@ from torch import nn
 QWEN3_VOCAB = 151_936
 SIZES = (None, 32_768, 8_192, 64)  # None: the target's full head
 # each family's own drafter config fields (the family follows from them), at the spec's defaults
-FAMILIES = {"dflash": {}, "dspark": {"markov_rank": 32, "confidence_head": True}}
+FAMILIES = {"dflash": {}, "dspark": {"markov_rank": 32, "confidence_head": True},
+            "dflash2": {"conv_kernel_size": 4, "conv_group_size": 64, "selector_rank": 64, "selector_top_k": 8}}
+UNPRUNED = {"dflash2"}  # vLLM's DFlash2 drafts LM-head rows as target ids: no pruned vocabulary
 
 
 def _sync(device: torch.device) -> None:
@@ -67,7 +69,7 @@ def draft_vocab_steps(embed: nn.Embedding, head: nn.Linear, *, layers: int, head
     variants = {}
     for family in families:
         for size in sizes:
-            if size is not None and size >= vocab:
+            if size is not None and (size >= vocab or family in UNPRUNED):
                 continue
             config = DrafterConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                                    num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,

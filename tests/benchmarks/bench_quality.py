@@ -49,6 +49,7 @@ FAMILY_LEVERS = {
     "draft_vocab=8192": {"draft_vocab_size": 8_192},
     "family=dspark": {"family": "dspark"},
     "dspark+draft_vocab=8192": {"family": "dspark", "draft_vocab_size": 8_192},
+    "family=dflash2": {"family": "dflash2"},  # the full vocabulary only (vLLM's DFlash2 has no d2t)
 }
 LEVERS.update(FAMILY_LEVERS)
 

@@ -27,6 +27,7 @@ POSITIVE = {
     "draft_vocab.64": ["tokens_per_s", "step_s"],
     "draft_vocab.dspark:full": ["tokens_per_s", "step_s", "vs_dflash"],
     "draft_vocab.dspark:64": ["tokens_per_s", "step_s", "vs_dflash"],
+    "draft_vocab.dflash2:full": ["tokens_per_s", "step_s", "vs_dflash"],
     "pipeline_inprocess": ["tokens_per_s", "vs_target_forward", "vs_one_gpu_bound", "one_gpu_bound_tokens_per_s"],
     "pipeline_colocated": ["tokens_per_s", "vs_target_forward", "vs_one_gpu_bound", "shm_bytes", "calls"],
     "transfer": ["device_to_host_gbps", "host_to_shm_gbps", "shm_to_pinned_host_gbps", "pinned_host_to_device_gbps",

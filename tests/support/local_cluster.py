@@ -46,6 +46,7 @@ class Pod:
     workload: str
     index: int
     containers: list[str] = field(default_factory=list)  # process names
+    ports: dict[int, int] = field(default_factory=dict)  # containerPort -> local port
 
 
 @dataclass
@@ -235,32 +236,50 @@ class LocalCluster:
         for c in pod_spec["containers"]:
             for p in c.get("ports", []):
                 port_map.setdefault(p["containerPort"], free_port())
+        pod.ports = port_map
         for c in pod_spec["containers"]:
             name = f"{workload}-{index}-{c['name']}"
-            if self.containers and c["image"] in self.containers.images:
-                sc = pod_spec.get("securityContext") or {}
-                owner = (sc.get("runAsUser", 0), sc.get("fsGroup", sc.get("runAsGroup", 0)))
-                mounts = self._mounts(pod_spec, c, pod_dir / c["name"], owner)
-                # paths stay as the chart wrote them (the volumes are mounted there); hosts and ports are local
-                env = {k: self._localise(v, {}, port_map) for k, v in self._env(c, f"{workload}-{index}", index).items()}
-                args = [self._localise(str(a), {}, port_map) for a in c.get("args", [])]
-                argv = self.containers.argv(name, pod_spec, c, {**env, **extra_env}, mounts, args)
-                self.group.start(name, argv, {**os.environ}, cwd=str(pod_dir))
-                pod.containers.append(name)
-                continue
-            mounts = self._mounts(pod_spec, c, pod_dir / c["name"])
-            env = {k: self._localise(v, mounts, port_map) for k, v in self._env(c, f"{workload}-{index}", index).items()}
-            argv = [self._localise(str(a), mounts, port_map) for a in [*c.get("command", []), *c.get("args", [])]]
-            if argv[:1] == ["dflash-pipeline"]:
-                argv = [self.python, "-m", "dfp_cli.main", *argv[1:]]
-            if argv[:1] == ["redis-server"]:
-                from dfp_dev.local.redis_server import redis_binary
-
-                argv = [redis_binary(), *argv[1:], "--port", str(port_map[6379])]
-            run_env = {**self.base_env, **env, **extra_env}
-            self.group.start(name, argv, run_env, cwd=str(pod_dir))
+            argv, env = self._command(name, f"{workload}-{index}", pod_spec, c, pod_dir, index, port_map, extra_env)
+            self.group.start(name, argv, env, cwd=str(pod_dir))
             pod.containers.append(name)
         return pod
+
+    def _command(self, name: str, pod_name: str, pod_spec: dict, c: dict, pod_dir: Path, index: int,
+                 port_map: dict[int, int], extra_env: dict, drop_env: tuple[str, ...] = ()) -> tuple[list[str], dict]:
+        """The argv and environment that run container ``c`` of a pod (a process, or podman running its image)."""
+        rendered = {k: v for k, v in self._env(c, pod_name, index).items() if k not in drop_env}
+        if self.containers and c["image"] in self.containers.images:
+            sc = pod_spec.get("securityContext") or {}
+            owner = (sc.get("runAsUser", 0), sc.get("fsGroup", sc.get("runAsGroup", 0)))
+            mounts = self._mounts(pod_spec, c, pod_dir / c["name"], owner)
+            # paths stay as the chart wrote them (the volumes are mounted there); hosts and ports are local
+            env = {k: self._localise(v, {}, port_map) for k, v in rendered.items()}
+            args = [self._localise(str(a), {}, port_map) for a in c.get("args", [])]
+            return self.containers.argv(name, pod_spec, c, {**env, **extra_env}, mounts, args), dict(os.environ)
+        mounts = self._mounts(pod_spec, c, pod_dir / c["name"])
+        env = {k: self._localise(v, mounts, port_map) for k, v in rendered.items()}
+        argv = [self._localise(str(a), mounts, port_map) for a in [*c.get("command", []), *c.get("args", [])]]
+        if argv[:1] == ["dflash-pipeline"]:
+            argv = [self.python, "-m", "dfp_cli.main", *argv[1:]]
+        if argv[:1] == ["redis-server"]:
+            from dfp_dev.local.redis_server import redis_binary
+
+            argv = [redis_binary(), *argv[1:], "--port", str(port_map[6379])]
+        return argv, {**{k: v for k, v in self.base_env.items() if k not in drop_env}, **env, **extra_env}
+
+    def run_once(self, workload: str, container: str | None = None, extra_env: dict | None = None,
+                 drop_env: tuple[str, ...] = (), timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run one container of the workload to its exit (own ports and volumes, nothing started
+        kept), with ``extra_env`` over and ``drop_env`` taken out of its rendered environment."""
+        pod_spec = self.workloads[workload]["spec"]["template"]["spec"]
+        c = next(c for c in pod_spec["containers"] if container is None or c["name"] == container)
+        port_map = {p["containerPort"]: free_port() for c2 in pod_spec["containers"] for p in c2.get("ports", [])}
+        name = f"{workload}-once-{c['name']}"
+        pod_dir = self.workdir / "pods" / f"{workload}-once"
+        argv, env = self._command(name, f"{workload}-once", pod_spec, c, pod_dir, 0, port_map, extra_env or {},
+                                  drop_env)
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        return subprocess.run(argv, env=env, cwd=pod_dir, capture_output=True, text=True, timeout=timeout)
 
     def process(self, workload: str, index: int = 0, container: str | None = None):
         pod = self.pods[workload][index]

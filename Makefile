@@ -64,10 +64,10 @@ images-cuda:
 
 # every service run from the image as the chart runs it (tests/images); the CUDA image's check runs its CPU paths
 images-check: images $(STAMP)
-	DFLASH_TEST_IMAGE=$(IMAGE_REPO)/dflash-pipeline-cpu:$(IMAGE_TAG) $(BIN)/python -m pytest -q -rP -p no:xdist tests/images
+	DFLASH_TEST_IMAGE=$(IMAGE_REPO)/dflash-pipeline-cpu:$(IMAGE_TAG) $(BIN)/python -m pytest -q -p no:xdist tests/images
 
 images-check-cuda: images-cuda $(STAMP)
-	DFLASH_TEST_IMAGE=$(IMAGE_REPO)/dflash-pipeline-cuda:$(IMAGE_TAG) $(BIN)/python -m pytest -q -rP -p no:xdist tests/images
+	DFLASH_TEST_IMAGE=$(IMAGE_REPO)/dflash-pipeline-cuda:$(IMAGE_TAG) $(BIN)/python -m pytest -q -p no:xdist tests/images
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache dflash-data demo-output

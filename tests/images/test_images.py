@@ -113,7 +113,7 @@ print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups
 """
 
 
-def test_every_service_runs_from_the_image(tmp_path, s3_server, tiny_qwen3_dir, image):
+def test_every_service_runs_from_the_image(tmp_path, s3_server, tiny_qwen3_dir, image, capsys):
     import torch
     from dfp_shared.hidden_states import TargetClient, forward_batch
     from dfp_shared.models import load_causal_lm
@@ -138,7 +138,9 @@ def test_every_service_runs_from_the_image(tmp_path, s3_server, tiny_qwen3_dir, 
             wait_for(lambda name=name: probe_ok(cluster, name) or cluster.group.check_alive(), f"{name} ready",
                      cluster, timeout=300, every=0.2)
             startup[name] = time.monotonic() - began
-        print("start-up to readiness (s): " + ", ".join(f"{k.removeprefix('dflash-')} {v:.1f}" for k, v in startup.items()))
+        with capsys.disabled():  # a figure for the reader, not a check
+            print("\nstart-up to readiness (s): "
+                  + ", ".join(f"{k.removeprefix('dflash-')} {v:.1f}" for k, v in startup.items()))
 
         # each container as the chart runs it
         for workload in SERVICES:

@@ -31,7 +31,15 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.e2e.test_chart_cluster import Api, chart_values, pipeline_spec, wait_for
+from tests.e2e.test_chart_cluster import (
+    Api,
+    chart_values,
+    completion_records,
+    pipeline_spec,
+    put_inputs,
+    wait_finished,
+    wait_for,
+)
 from tests.support.chart import render_objects
 from tests.support.cli import cli_env
 from tests.support.local_cluster import Containers, LocalCluster
@@ -121,12 +129,7 @@ def test_every_service_runs_from_the_image(tmp_path, s3_server, tiny_qwen3_dir, 
     from dfp_shared.token_shards import load_dataset
 
     endpoint = s3_server.endpoint_url
-    store = open_store("s3://e2e", endpoint_url=endpoint)
-    store.ensure_bucket()
-    store.put_many((f"models/target/{p.name}", p.read_bytes()) for p in Path(tiny_qwen3_dir).iterdir() if p.is_file())
-    prompts = [json.dumps({"id": f"p{i:03d}", "messages": [{"role": "user", "content": f"What is {i} + {i}?"}]})
-               for i in range(PROMPTS)]
-    store.put("data/prompts/set.jsonl", ("\n".join(prompts) + "\n").encode())
+    put_inputs(endpoint, tiny_qwen3_dir, PROMPTS)
 
     cluster = make_cluster(tmp_path, endpoint, image)
     startup = {}
@@ -178,16 +181,14 @@ def test_every_service_runs_from_the_image(tmp_path, s3_server, tiny_qwen3_dir, 
         spec = pipeline_spec()
         spec["spec"]["train"].update(steps=10, checkpoint_every=5)
         job = api.http.post("/v1/jobs", json=spec).json()
-        final = wait_for(lambda: (lambda j: j if j["state"] in ("succeeded", "failed", "cancelled") else None)(
-            api.get(f"/v1/jobs/{job['id']}")), "the pipeline to finish", cluster, timeout=900, every=1.0)
+        final = wait_finished(api, job["id"], cluster, timeout=900, every=1.0)
         assert final["state"] == "succeeded", final
         stages = {s: api.stage(job["id"], s) for s in ("generate", "tokenize", "train")}
     finally:
         cluster.stop()
 
     data = open_store("s3://e2e/data", endpoint_url=endpoint)
-    records = [json.loads(line) for key in data.list("generate/completions/")
-               for line in data.get(key).decode().splitlines() if line.strip()]
+    records = completion_records(data)
     assert sorted(r["id"] for r in records) == sorted(f"p{i:03d}" for i in range(PROMPTS))
     dataset = load_dataset("s3://e2e/data/tokens", endpoint_url=endpoint)
     assert sorted(dataset.sample_ids) == sorted(r["id"] for r in records)

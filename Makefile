@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint install protos bench gpu-check serve-check clean
+.PHONY: demo test lint install protos bench gpu-check serve-check images images-cuda images-check images-check-cuda clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,25 @@ SERVE_DRAFTER ?= demo-output/store/train/drafter
 
 serve-check: $(STAMP)
 	$(BIN)/dflash-pipeline serve-check --target $(SERVE_TARGET) --drafter $(SERVE_DRAFTER) $(SERVE_CHECK_ARGS)
+
+# the images built with podman (and runc) from a Debian base made here by mmdebstrap, tagged as the chart
+# pulls them; only package registries (PyPI, Debian) need be reachable (docker/podman-build.sh)
+IMAGE_REPO ?= ghcr.io/dflash-pipeline
+IMAGE_TAG  ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+export IMAGE_REPO IMAGE_TAG
+
+images:
+	docker/podman-build.sh cpu
+
+images-cuda:
+	docker/podman-build.sh cuda
+
+# every service run from the image as the chart runs it (tests/images); the CUDA image's check runs its CPU paths
+images-check: images $(STAMP)
+	DFLASH_TEST_IMAGE=$(IMAGE_REPO)/dflash-pipeline-cpu:$(IMAGE_TAG) $(BIN)/python -m pytest -q -p no:xdist tests/images
+
+images-check-cuda: images-cuda $(STAMP)
+	DFLASH_TEST_IMAGE=$(IMAGE_REPO)/dflash-pipeline-cuda:$(IMAGE_TAG) $(BIN)/python -m pytest -q -p no:xdist tests/images
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache dflash-data demo-output

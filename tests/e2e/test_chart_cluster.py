@@ -64,6 +64,16 @@ def chart_values(endpoint: str) -> dict:
     }
 
 
+def put_inputs(endpoint: str, target_dir, prompts: int) -> None:
+    """The inputs of :func:`pipeline_spec` on the S3 API: the target checkpoint and a prompt set."""
+    store = open_store("s3://e2e", endpoint_url=endpoint)
+    store.ensure_bucket()
+    store.put_many((f"models/target/{p.name}", p.read_bytes()) for p in Path(target_dir).iterdir() if p.is_file())
+    lines = [json.dumps({"id": f"p{i:03d}", "messages": [{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}]})
+             for i in range(prompts)]
+    store.put("data/prompts/set.jsonl", ("\n".join(lines) + "\n").encode())
+
+
 def pipeline_spec() -> dict:
     model = "s3://e2e/models/target"
     return {"type": "pipeline", "spec": {
@@ -112,6 +122,18 @@ def wait_for(pred, what: str, cluster: LocalCluster, timeout: float = 300, every
     raise AssertionError(f"timed out waiting for {what}\n{logs}")
 
 
+def wait_finished(api: Api, job_id: str, cluster: LocalCluster, timeout: float = 500, every: float = 0.3) -> dict:
+    """The job's record once it is succeeded, failed or cancelled."""
+    return wait_for(lambda: (lambda j: j if j["state"] in ("succeeded", "failed", "cancelled") else None)(
+        api.get(f"/v1/jobs/{job_id}")), f"job {job_id} to finish", cluster, timeout=timeout, every=every)
+
+
+def completion_records(data) -> list[dict]:
+    """Every completion record the generate stage wrote under ``generate/completions/`` of the store ``data``."""
+    return [json.loads(line) for key in data.list("generate/completions/")
+            for line in data.get(key).decode().splitlines() if line.strip()]
+
+
 def freeze_holding_a_task(redis: Redis, pgid: int, cluster: LocalCluster, timeout: float = 400) -> str:
     """Stop (SIGSTOP) the process group ``pgid`` at a moment one of its consumers holds a tokenize
     task, so a kill that follows provably lands mid-task. Returns the held task's stream id."""
@@ -145,13 +167,7 @@ def freeze_holding_a_task(redis: Redis, pgid: int, cluster: LocalCluster, timeou
 
 
 def test_pipeline_on_the_charts_processes_survives_faults(tmp_path, s3_endpoint, tiny_qwen3_dir):
-    # inputs: the target checkpoint and a prompt set on the S3 API
-    store = open_store("s3://e2e", endpoint_url=s3_endpoint)
-    store.ensure_bucket()
-    store.put_many((f"models/target/{p.name}", p.read_bytes()) for p in Path(tiny_qwen3_dir).iterdir() if p.is_file())
-    prompts = [json.dumps({"id": f"p{i:03d}", "messages": [{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}]})
-               for i in range(PROMPTS)]
-    store.put("data/prompts/set.jsonl", ("\n".join(prompts) + "\n").encode())
+    put_inputs(s3_endpoint, tiny_qwen3_dir, PROMPTS)
 
     cluster = LocalCluster(render_objects(chart_values(s3_endpoint)), tmp_path / "cluster", secrets={"s3-creds": CREDS},
                            base_env=cli_env(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1"))
@@ -198,8 +214,7 @@ def test_pipeline_on_the_charts_processes_survives_faults(tmp_path, s3_endpoint,
         cluster.kill("dflash-trainer")
         cluster.restart("dflash-trainer")
 
-        final = wait_for(lambda: (lambda j: j if j["state"] in ("succeeded", "failed", "cancelled") else None)(
-            api.get(f"/v1/jobs/{pid}")), "the pipeline to finish", cluster, timeout=500)
+        final = wait_finished(api, pid, cluster, timeout=500)
         assert final["state"] == "succeeded", final
         stages = {s: api.stage(pid, s) for s in ("generate", "tokenize", "train")}
     finally:
@@ -207,8 +222,7 @@ def test_pipeline_on_the_charts_processes_survives_faults(tmp_path, s3_endpoint,
 
     # every prompt exactly once in the completions
     data = open_store("s3://e2e/data", endpoint_url=s3_endpoint)
-    records = [json.loads(line) for key in data.list("generate/completions/")
-               for line in data.get(key).decode().splitlines() if line.strip()]
+    records = completion_records(data)
     assert sorted(r["id"] for r in records) == sorted(f"p{i:03d}" for i in range(PROMPTS))
 
     # the killed worker's task was reclaimed by another consumer

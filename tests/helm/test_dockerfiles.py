@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helm.conftest import objects_for
-from tests.support.chart import REPO_ROOT
+from tests.support.chart import CHART_DIR, REPO_ROOT, render_objects
 
 DOCKER_DIR = REPO_ROOT / "docker"
 DOCKERFILES = sorted(DOCKER_DIR.glob("Dockerfile*"))
@@ -140,12 +141,63 @@ def test_images_are_multistage_pinned_non_root(dockerfile):
     assert entry and json.loads(entry[-1]) == ["dflash-pipeline"]
 
 
-def test_cpu_image_takes_torch_from_the_cpu_index():
-    text = " ".join(rest for word, rest in instructions(DOCKER_DIR / "Dockerfile.cpu") if word == "RUN")
-    assert "download.pytorch.org/whl/cpu" in text and "torch==" in text
+def _arg_defaults(dockerfile: Path) -> dict[str, str]:
+    return dict(rest.split("=", 1) for word, rest in instructions(dockerfile) if word == "ARG" and "=" in rest)
+
+
+@pytest.mark.parametrize(("flavor", "index"), [("cpu", "https://download.pytorch.org/whl/cpu"),
+                                               ("cuda", "https://download.pytorch.org/whl/cu128")])
+def test_images_take_torch_from_their_index(flavor, index):
+    """By default torch comes from its CPU (CUDA) wheel index; TORCH_INDEX changes where from."""
+    dockerfile = DOCKER_DIR / f"Dockerfile.{flavor}"
+    assert _arg_defaults(dockerfile)["TORCH_INDEX"] == index
+    text = " ".join(rest for word, rest in instructions(dockerfile) if word == "RUN")
+    assert '--index-url "${TORCH_INDEX}" torch==' in text
     pinned = [line for line in (REPO_ROOT / "pyproject.toml").read_text().splitlines() if '"torch==' in line]
     version = pinned[0].split("==")[1].strip('",')
     assert f"torch=={version}" in text, "the image must install the torch version pyproject pins"
+
+
+def test_both_images_take_python_from_a_debian_python_base():
+    """No download outside the package registries for Python: it comes from the base image, which
+    docker/podman-build.sh replaces by a Debian base made with mmdebstrap."""
+    for dockerfile in DOCKERFILES:
+        assert _arg_defaults(dockerfile)["PYTHON_IMAGE"].startswith("python:3.11"), dockerfile.name
+        froms = [rest.split() for word, rest in instructions(dockerfile) if word == "FROM"]
+        stages = {f[-1] for f in froms if len(f) == 3}
+        assert froms and all(f[0] in ("${PYTHON_IMAGE}", *stages) for f in froms), (dockerfile.name, froms)
+    script = (DOCKER_DIR / "podman-build.sh").read_text()
+    assert "--build-arg \"PYTHON_IMAGE=$base\"" in script and "mmdebstrap" in script
+
+
+def _podman_build_default(name: str) -> str:
+    return re.search(rf"^{name}=\$\{{{name}:-([^}}]+)\}}", (DOCKER_DIR / "podman-build.sh").read_text(), re.M).group(1)
+
+
+def test_chart_defaults_are_what_make_images_tags():
+    """`make images` tags <IMAGE_REPO>/dflash-pipeline-<flavor>:<project version>; the chart's default
+    references (repository and appVersion) are exactly those, pulled only if not present."""
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    version = re.search(r'^version = "(.+)"', (REPO_ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    assert chart["appVersion"] == version
+    repo = _podman_build_default("IMAGE_REPO")
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert re.search(rf"^IMAGE_REPO \?= {re.escape(repo)}$", makefile, re.M), "Makefile and podman-build.sh disagree"
+    seen = set()
+    for profile, values in (("cpu-only", {"gpu": {"enabled": False}}), ("defaults", {})):
+        for o in render_objects(values):
+            if o["kind"] != "Deployment":
+                continue
+            for c in o["spec"]["template"]["spec"]["containers"]:
+                if c.get("command", [None])[0] == "dflash-pipeline":
+                    flavor = c["image"].rsplit(":", 1)[0].rsplit("-", 1)[1]
+                    assert c["image"] == f"{repo}/dflash-pipeline-{flavor}:{version}", (profile, c["image"])
+                    assert c["imagePullPolicy"] == "IfNotPresent"
+                    seen.add(flavor)
+    assert seen == {"cpu", "cuda"}
+    readme = (REPO_ROOT / "README.md").read_text()
+    for flavor in ("cpu", "cuda"):  # the README's build lines tag what the chart pulls
+        assert f"-t {repo}/dflash-pipeline-{flavor}:{version}" in readme, flavor
 
 
 def test_chart_uses_the_image_flavours():

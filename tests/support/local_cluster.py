@@ -15,13 +15,22 @@ provide is provided locally and nothing else is changed:
 * **StatefulSet pods** are named ``<workload>-<index>``, with their ordinal as the
   ``apps.kubernetes.io/pod-index`` label; the DNS name of pod 0 behind a headless Service
   (``<workload>-0.<service>``) is the Service's loopback port.
+
+With ``containers=Containers(...)`` the project's containers run from their images under podman
+instead (host network, so the loopback ports stay the same): as the pod's securityContext says
+(user, group, fsGroup, read-only root filesystem, capabilities dropped, no privilege escalation),
+with only the chart's environment (nothing of this process's) and every volume bind-mounted at its
+mount path (``/dev/shm`` as the container's own shared memory). Other containers (Redis) stay local
+processes.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +46,59 @@ class Pod:
     workload: str
     index: int
     containers: list[str] = field(default_factory=list)  # process names
+    ports: dict[int, int] = field(default_factory=dict)  # containerPort -> local port
+
+
+@dataclass
+class Containers:
+    """Run the containers whose image is in ``images`` (the chart's reference -> a local image) with podman."""
+
+    images: dict[str, str]
+    podman: str = "podman"
+    runtime: str = "runc"  # crun cannot set RLIMIT_NPROC on some hosts and rejects hybrid cgroup layouts
+    ulimits: tuple[str, ...] = ("nofile=20000", "nproc=32768")
+    shm_size: str = "2g"
+    names: list[str] = field(default_factory=list)  # every container started, removed by :meth:`remove_all`
+
+    def argv(self, name: str, pod_spec: dict, container: dict, env: dict[str, str], mounts: dict[str, Path],
+             args: list[str]) -> list[str]:
+        pod_sc, sc = pod_spec.get("securityContext") or {}, container.get("securityContext") or {}
+        user, group = sc.get("runAsUser", pod_sc.get("runAsUser")), sc.get("runAsGroup", pod_sc.get("runAsGroup"))
+        argv = [self.podman, "--runtime", self.runtime, "run", "--rm", "--replace", "--name", name,
+                "--network", "host", "--shm-size", self.shm_size, "--read-only-tmpfs=false", "--pull", "never",
+                *[f"--ulimit={u}" for u in self.ulimits]]
+        if user is not None:
+            argv += ["--user", f"{user}:{group if group is not None else user}"]
+        if pod_sc.get("fsGroup") is not None:
+            argv += ["--group-add", str(pod_sc["fsGroup"])]
+        if sc.get("readOnlyRootFilesystem"):
+            argv.append("--read-only")
+        for cap in (sc.get("capabilities") or {}).get("drop", []):
+            argv += ["--cap-drop", cap.lower()]
+        if sc.get("allowPrivilegeEscalation") is False:
+            argv += ["--security-opt", "no-new-privileges"]
+        read_only = {m["mountPath"].rstrip("/") for m in container.get("volumeMounts", []) if m.get("readOnly")}
+        for path, local in mounts.items():
+            argv += ["--volume", f"{local}:{path}:{'ro' if path in read_only else 'rw'}"]
+        for key, value in env.items():
+            argv += ["--env", f"{key}={value}"]
+        if container.get("command"):
+            argv += ["--entrypoint", json.dumps(container["command"])]
+        self.names.append(name)
+        return [*argv, self.images[container["image"]], *args]
+
+    def remove_all(self) -> None:
+        """Remove every container still there (a SIGKILLed ``podman run`` leaves its container running)."""
+        if self.names:
+            subprocess.run([self.podman, "rm", "--force", "--ignore", "--time", "5", *set(self.names)],
+                           capture_output=True, timeout=120)
 
 
 class LocalCluster:
     def __init__(self, objects: list[dict], workdir: Path, secrets: dict[str, dict[str, str]] | None = None,
-                 python: str | None = None, base_env: dict | None = None):
+                 python: str | None = None, base_env: dict | None = None, containers: Containers | None = None):
         self.objects = objects
+        self.containers = containers
         self.workdir = Path(workdir)
         self.python = python or sys.executable
         self.base_env = dict(base_env or os.environ)
@@ -119,7 +175,8 @@ class LocalCluster:
                                      "status.podIP": "127.0.0.1"}.get(item["valueFrom"]["fieldRef"]["fieldPath"], "")
         return env
 
-    def _mounts(self, pod_spec: dict, container: dict, pod_dir: Path) -> dict[str, Path]:
+    def _mounts(self, pod_spec: dict, container: dict, pod_dir: Path, owner: tuple[int, int] | None = None
+                ) -> dict[str, Path]:
         volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
         mounts = {}
         for m in container.get("volumeMounts", []):
@@ -127,6 +184,10 @@ class LocalCluster:
                 continue
             local = pod_dir / m["name"]
             local.mkdir(parents=True, exist_ok=True)
+            if owner:  # the pod's user (fsGroup) owns its volumes, as the kubelet arranges
+                if os.geteuid() == 0:
+                    os.chown(local, *owner)
+                local.chmod(0o775 if os.geteuid() == 0 else 0o777)
             volume = volumes.get(m["name"], {})
             if "configMap" in volume:
                 for key, text in self.config_maps.get(volume["configMap"]["name"], {}).items():
@@ -175,21 +236,50 @@ class LocalCluster:
         for c in pod_spec["containers"]:
             for p in c.get("ports", []):
                 port_map.setdefault(p["containerPort"], free_port())
+        pod.ports = port_map
         for c in pod_spec["containers"]:
-            mounts = self._mounts(pod_spec, c, pod_dir / c["name"])
-            env = {k: self._localise(v, mounts, port_map) for k, v in self._env(c, f"{workload}-{index}", index).items()}
-            argv = [self._localise(str(a), mounts, port_map) for a in [*c.get("command", []), *c.get("args", [])]]
-            if argv[:1] == ["dflash-pipeline"]:
-                argv = [self.python, "-m", "dfp_cli.main", *argv[1:]]
-            if argv[:1] == ["redis-server"]:
-                from dfp_dev.local.redis_server import redis_binary
-
-                argv = [redis_binary(), *argv[1:], "--port", str(port_map[6379])]
-            run_env = {**self.base_env, **env, **extra_env}
             name = f"{workload}-{index}-{c['name']}"
-            self.group.start(name, argv, run_env, cwd=str(pod_dir))
+            argv, env = self._command(name, f"{workload}-{index}", pod_spec, c, pod_dir, index, port_map, extra_env)
+            self.group.start(name, argv, env, cwd=str(pod_dir))
             pod.containers.append(name)
         return pod
+
+    def _command(self, name: str, pod_name: str, pod_spec: dict, c: dict, pod_dir: Path, index: int,
+                 port_map: dict[int, int], extra_env: dict, drop_env: tuple[str, ...] = ()) -> tuple[list[str], dict]:
+        """The argv and environment that run container ``c`` of a pod (a process, or podman running its image)."""
+        rendered = {k: v for k, v in self._env(c, pod_name, index).items() if k not in drop_env}
+        if self.containers and c["image"] in self.containers.images:
+            sc = pod_spec.get("securityContext") or {}
+            owner = (sc.get("runAsUser", 0), sc.get("fsGroup", sc.get("runAsGroup", 0)))
+            mounts = self._mounts(pod_spec, c, pod_dir / c["name"], owner)
+            # paths stay as the chart wrote them (the volumes are mounted there); hosts and ports are local
+            env = {k: self._localise(v, {}, port_map) for k, v in rendered.items()}
+            args = [self._localise(str(a), {}, port_map) for a in c.get("args", [])]
+            return self.containers.argv(name, pod_spec, c, {**env, **extra_env}, mounts, args), dict(os.environ)
+        mounts = self._mounts(pod_spec, c, pod_dir / c["name"])
+        env = {k: self._localise(v, mounts, port_map) for k, v in rendered.items()}
+        argv = [self._localise(str(a), mounts, port_map) for a in [*c.get("command", []), *c.get("args", [])]]
+        if argv[:1] == ["dflash-pipeline"]:
+            argv = [self.python, "-m", "dfp_cli.main", *argv[1:]]
+        if argv[:1] == ["redis-server"]:
+            from dfp_dev.local.redis_server import redis_binary
+
+            argv = [redis_binary(), *argv[1:], "--port", str(port_map[6379])]
+        return argv, {**{k: v for k, v in self.base_env.items() if k not in drop_env}, **env, **extra_env}
+
+    def run_once(self, workload: str, container: str | None = None, extra_env: dict | None = None,
+                 drop_env: tuple[str, ...] = (), timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run one container of the workload to its exit (own ports and volumes, nothing started
+        kept), with ``extra_env`` over and ``drop_env`` taken out of its rendered environment."""
+        pod_spec = self.workloads[workload]["spec"]["template"]["spec"]
+        c = next(c for c in pod_spec["containers"] if container is None or c["name"] == container)
+        port_map = {p["containerPort"]: free_port() for c2 in pod_spec["containers"] for p in c2.get("ports", [])}
+        name = f"{workload}-once-{c['name']}"
+        pod_dir = self.workdir / "pods" / f"{workload}-once"
+        argv, env = self._command(name, f"{workload}-once", pod_spec, c, pod_dir, 0, port_map, extra_env or {},
+                                  drop_env)
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        return subprocess.run(argv, env=env, cwd=pod_dir, capture_output=True, text=True, timeout=timeout)
 
     def process(self, workload: str, index: int = 0, container: str | None = None):
         pod = self.pods[workload][index]
@@ -231,3 +321,5 @@ class LocalCluster:
 
     def stop(self) -> None:
         self.group.stop_all()
+        if self.containers:
+            self.containers.remove_all()

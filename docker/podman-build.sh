@@ -25,6 +25,7 @@ PODMAN=${PODMAN:-podman}
 SUITE=bookworm
 PACKAGES=python3,python3-venv,python-is-python3,ca-certificates
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+SECURITY_MIRROR=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 CERTS=/usr/local/share/ca-certificates
 IMAGE_REPO=${IMAGE_REPO:-ghcr.io/dflash-pipeline}
 IMAGE_TAG=${IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.toml")}
@@ -32,7 +33,8 @@ IMAGE_TAG=${IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/pyproject.to
 RUNTIME_FLAGS="--runtime runc"
 
 base_image() {
-    inputs=$( { echo "$SUITE $PACKAGES $MIRROR"; cat "$0"
+    # remade every ISO week, so the base carries the suite's current security and point-release updates
+    inputs=$( { echo "$SUITE $PACKAGES $MIRROR $SECURITY_MIRROR $(date -u +%G-W%V)"; cat "$0"
                 if [ -d "$CERTS" ]; then find "$CERTS" -type f -name '*.crt' | sort | xargs -r cat; fi; } \
               | sha256sum | cut -c1-12)
     tag="localhost/dflash-base:$SUITE-$inputs"
@@ -42,11 +44,17 @@ base_image() {
             --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
             --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
             --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin'
+        staged=$(mktemp -d)
+        trap 'rm -rf "$staged"' EXIT
         if [ -d "$CERTS" ] && [ -n "$(find "$CERTS" -type f -name '*.crt')" ]; then
-            set -- "$@" --customize-hook="copy-in $CERTS /usr/local/share" \
+            # the certificates alone (the hashed *.crt files), never anything else left in that folder
+            mkdir "$staged/ca-certificates"
+            find "$CERTS" -type f -name '*.crt' -exec cp {} "$staged/ca-certificates/" \;
+            set -- "$@" --customize-hook="copy-in $staged/ca-certificates /usr/local/share" \
                 --customize-hook='chroot "$1" update-ca-certificates'
         fi
-        mmdebstrap "$@" "$SUITE" - "$MIRROR" \
+        mmdebstrap "$@" "$SUITE" - "deb $MIRROR $SUITE main" "deb $MIRROR $SUITE-updates main" \
+            "deb $SECURITY_MIRROR $SUITE-security main" \
           | $PODMAN import --quiet \
               --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
               --change 'ENV LANG=C.UTF-8' \

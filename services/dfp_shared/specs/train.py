@@ -30,6 +30,7 @@ a cache an offline job filled (no target at all)."""
 # overflow without end. MAX_STEPS keeps checkpoint directories at eight digits (step-NNNNNNNN).
 MAX_STEPS = 99_999_999
 MAX_LAYERS = 64
+MAX_BLOCK_SIZE = 64
 MAX_SEQ_TOKENS = 1 << 20
 MAX_VOCAB = 1 << 20  # rows of a draft vocabulary (the largest public vocabularies hold about 2^18)
 MAX_MARKOV_RANK = 1024  # a rank-r Markov head is two V x r matrices: beyond this it outweighs the draft layers
@@ -106,7 +107,7 @@ class TrainSpec(BaseModel):
     selector_top_k: int = _within(8, 1, MAX_SELECTOR_TOP_K, "Candidates per drafted position among which the DFlash2 "
                                   "selector chooses ({}); `dflash2` only.")
     num_draft_layers: int = _within(5, 1, MAX_LAYERS, "Draft decoder layers (one target layer feeds each), {}.")
-    block_size: int = _within(16, 2, 64, "Tokens per draft block (anchor + block_size-1 masks), {}.")
+    block_size: int = _within(16, 2, MAX_BLOCK_SIZE, "Tokens per draft block (anchor + block_size-1 masks), {}.")
     layer_types: list[LayerType] | None = Field(
         None, max_length=MAX_LAYERS, description=f"Attention of each draft layer, one entry per layer (`{FULL}` or "
                                                  f"`{SLIDING}`); unset: all full attention.")
@@ -196,6 +197,9 @@ class TrainSpec(BaseModel):
         if self.family != "dflash2" and dflash2_only:
             raise ValueError(f"{', '.join(dflash2_only)} set for family {self.family!r}: only `dflash2` drafters have "
                              f"convolutions and a candidate selector")
+        if self.family == "dflash2" and self.conv_kernel_size > self.block_size:
+            raise ValueError(f"conv_kernel_size {self.conv_kernel_size} is more taps than a block has tokens "
+                             f"(block_size {self.block_size})")
         if self.family == "dflash2" and self.draft_vocab_size is not None:
             raise ValueError("draft_vocab_size with family 'dflash2': vLLM's DFlash2 drafts its LM head's row ids "
                              "without mapping them to target ids, so a pruned vocabulary would be served wrongly")

@@ -11,7 +11,9 @@ from typing import Any, get_args
 
 from dfp_shared.specs.train import (
     DFLASH2_FIELDS,
+    MAX_BLOCK_SIZE,
     MAX_CONV_GROUP,
+    MAX_LAYERS,
     MAX_MARKOV_RANK,
     MAX_SELECTOR_RANK,
     MAX_SELECTOR_TOP_K,
@@ -78,10 +80,11 @@ class DrafterConfig:
         self.validate()
 
     def validate(self) -> None:
-        if self.num_hidden_layers < 1:
-            raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2 (anchor + at least one draft), got {self.block_size}")
+        # a config read from storage asks for no more than a train spec could
+        if not 1 <= self.num_hidden_layers <= MAX_LAYERS:
+            raise ValueError(f"num_hidden_layers must be 1..{MAX_LAYERS}, got {self.num_hidden_layers}")
+        if not 2 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be 2..{MAX_BLOCK_SIZE} (anchor + at least one draft), got {self.block_size}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")
@@ -131,6 +134,11 @@ class DrafterConfig:
                 raise ValueError(f"{name} must be {low}..{high}, got {getattr(self, name)}")
         if self.hidden_size % int(self.conv_group_size):
             raise ValueError(f"conv_group_size {self.conv_group_size} does not divide hidden_size {self.hidden_size}")
+        coefficients = 2 * int(self.conv_kernel_size) * (self.hidden_size // int(self.conv_group_size))
+        if coefficients > self.hidden_size:  # each convolution's coefficient projection at most H x H
+            raise ValueError(f"conv_kernel_size {self.conv_kernel_size} with conv_group_size {self.conv_group_size} "
+                             f"gives {coefficients} coefficients per token, more than hidden_size {self.hidden_size}: "
+                             f"use fewer taps or larger groups")
 
     @property
     def num_context_features(self) -> int:

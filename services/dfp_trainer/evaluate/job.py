@@ -125,7 +125,7 @@ def load_models(spec: EvaluateSpec, device: str | None, tmp: str, endpoint_url: 
     try:
         drafter = load_exported(_drafter_dir(spec.drafter, tmp, endpoint_url), target.get_input_embeddings(),
                                        target.get_output_embeddings(), device=target.device)
-    except (FileNotFoundError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+    except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError, RuntimeError) as exc:
         raise EvaluateError(f"drafter {spec.drafter}: {exc}") from None
     cfg, tcfg = drafter.config, target.config.get_text_config()
     if cfg.hidden_size != tcfg.hidden_size or cfg.num_target_layers != tcfg.num_hidden_layers:

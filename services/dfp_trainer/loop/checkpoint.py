@@ -146,6 +146,12 @@ class CheckpointManager:
         with torch.no_grad():
             params = dict(model.named_parameters())
             params.update(dict(model.named_buffers()))
+            differ = [f"{k} {tuple(v.shape)} vs {tuple(params[k].shape)}" for k, v in weights.items()
+                      if v.shape != params[k].shape]
+            if differ:
+                raise CheckpointError(f"{self.store.url(name)}: tensor shapes differ from this run's model "
+                                      f"({', '.join(differ[:3])}); was it trained with other settings (a rank, "
+                                      f"layer sizes)?")
             for k, v in weights.items():
                 params[k].copy_(v)
         try:

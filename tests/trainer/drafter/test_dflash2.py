@@ -157,9 +157,16 @@ def test_a_dflash2_config_the_project_does_not_draft_is_refused():
                             ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
                             ({"selector_top_k": None}, "selector_top_k"),
                             ({"conv_group_size": 7}, "does not divide hidden_size"),
-                            ({"conv_kernel_size": 9}, "conv_kernel_size must be 1..4")]:
+                            ({"conv_kernel_size": 9}, "conv_kernel_size must be 1..4"),
+                            # 2 x 4 taps x 8 groups of 4 = 64 coefficients per token: a projection wider than H (32)
+                            ({"conv_kernel_size": 4, "conv_group_size": 4}, "more than hidden_size 32")]:
         with pytest.raises(ValueError, match=message):
             DrafterConfig.from_config_dict({**good, "dflash_config": {**dflash, **change}})
+    # a stored config asks for no more than a train spec could: a huge block would size the convolutions
+    for change, message in [({"block_size": 10**6, "conv_kernel_size": 10**6}, "block_size must be 2..64"),
+                            ({"num_hidden_layers": 10**4}, "num_hidden_layers must be 1..64")]:
+        with pytest.raises(ValueError, match=message):
+            small_drafter(0, **{**FIELDS, **change})
     for overrides, message in [({"markov_rank": 4}, "not both"), ({"draft_vocab_size": 50}, "d2t"),
                                ({"selector_rank": None}, "needs all of")]:
         with pytest.raises(ValueError, match=message):

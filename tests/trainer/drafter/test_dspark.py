@@ -189,6 +189,7 @@ def test_the_spec_family_and_its_bounded_fields():
                          ({"family": "dspark", "exports": ["speculators"]}, "zlab layout only"),
                          ({"family": "dflash2", "conv_kernel_size": 0}, "conv_kernel_size"),
                          ({"family": "dflash2", "conv_kernel_size": 65}, "conv_kernel_size"),
+                         ({"family": "dflash2", "conv_kernel_size": 20, "block_size": 16}, "more taps than a block"),
                          ({"family": "dflash2", "conv_group_size": 0}, "conv_group_size"),
                          ({"family": "dflash2", "selector_rank": 4096}, "selector_rank"),
                          ({"family": "dflash2", "selector_top_k": 0}, "selector_top_k"),

@@ -66,6 +66,15 @@ def test_planted_pickle_is_refused_and_never_runs(tmp_path):
     assert not marker.exists()
 
 
+def test_a_checkpoint_of_other_tensor_shapes_is_refused_by_name(tmp_path):
+    """Resuming with another rank or width: refused naming the tensor, never broadcast into the model."""
+    store = open_store(f"file://{tmp_path}/ck")
+    mgr = CheckpointManager(store)
+    mgr.save(4, torch.nn.Linear(3, 1), {"sampler": {"epoch": 0, "position": 4}})
+    with pytest.raises(CheckpointError, match=r"shapes differ.*weight \(1, 3\) vs \(2, 3\)"):
+        mgr.load(torch.nn.Linear(3, 2))  # a (1, 3) weight would broadcast into (2, 3)
+
+
 def test_stray_pickle_beside_a_checkpoint_is_ignored(tmp_path):
     store = open_store(f"file://{tmp_path}/ck")
     mgr = CheckpointManager(store)

@@ -206,3 +206,23 @@ def test_the_shipped_modeling_file_imports_only_torch_and_transformers():
             assert not node.level, "the modeling file is shipped alone: no relative import"
             roots.add(node.module.split(".")[0])
     assert roots <= {"__future__", "torch", "transformers", "math", "typing"}, roots
+
+
+FAMILIES = f"{TRAINER}.drafter.families"
+
+
+def test_a_drafter_family_imports_only_the_shared_backbone():
+    """A family (``drafter/families/<name>/``) imports its own folder and the drafter's backbone (config, model,
+    masks, objective, the family registry), never another family, the registry's package or another room."""
+    wrong = []
+    for module, targets in import_graph().items():
+        if not module.startswith(FAMILIES + "."):
+            continue
+        own = ".".join(module.split(".")[:4])
+        for target in targets:
+            if target.split(".")[0] != TRAINER or target == own or target.startswith(own + "."):
+                continue
+            if trainer_place(target) == "drafter" and not (target == FAMILIES or target.startswith(FAMILIES + ".")):
+                continue
+            wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(sorted(wrong))

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dfp_shared.specs.train import DFLASH2_FIELDS, TrainSpec
+from dfp_shared.specs.train import TrainSpec
 
 from .drafter.config import DrafterConfig
+from .drafter.family import family
 from .settings import TrainerSettings
 
 
@@ -37,8 +38,5 @@ class RunConfig:
         return DrafterConfig.for_target(target_config, num_layers=spec.num_draft_layers, block_size=spec.block_size,
                                         mask_token_id=mask_token_id, target_layer_ids=spec.target_layer_ids,
                                         layer_types=spec.layer_types, sliding_window=spec.sliding_window,
-                                        draft_vocab_size=spec.draft_vocab_size,
-                                        **({"markov_rank": spec.markov_rank, "confidence_head": spec.confidence_head}
-                                           if spec.family == "dspark" else {}),
-                                        dflash2={name: getattr(spec, name) for name in DFLASH2_FIELDS}
-                                        if spec.family == "dflash2" else None)
+                                        draft_vocab_size=spec.draft_vocab_size, family=spec.family,
+                                        **{name: getattr(spec, name) for name in family(spec.family).config_fields})

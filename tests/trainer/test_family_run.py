@@ -8,8 +8,8 @@ import json
 import pytest
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage import open_store
-from dfp_trainer.drafter.dflash2 import DFlash2Drafter
-from dfp_trainer.drafter.dspark import DSparkDrafter
+from dfp_trainer.drafter.families.dflash2.model import DFlash2Drafter
+from dfp_trainer.drafter.families.dspark.model import DSparkDrafter
 from dfp_trainer.drafter.load import load_exported
 from dfp_trainer.drafter.target_parts import load_target_parts
 from dfp_trainer.run import run_local

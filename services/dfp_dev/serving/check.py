@@ -27,7 +27,7 @@ from pathlib import Path
 
 import click
 import httpx
-from dfp_trainer.drafter.config import DFLASH2_ARCHITECTURE, DSPARK_ARCHITECTURE
+from dfp_trainer.drafter.family import DrafterFamily, family, family_of_architectures
 
 from ..demo.config import RANDOM_TARGET_PROMPTS
 from .vllm_server import VllmServer, check_servable
@@ -60,15 +60,22 @@ def drafter_method(drafter: Path) -> str:
     """vLLM's speculative method for the drafter, from its ``config.json``: ``dspark`` for a DSpark drafter
     (``architectures: ["Qwen3DSparkModel"]``), else ``dflash`` (a DFlash2 drafter too: vLLM tells it by its
     architecture)."""
-    _, config = _drafter_config(drafter)
-    return "dspark" if DSPARK_ARCHITECTURE in (config.get("architectures") or []) else "dflash"
+    return drafter_family(drafter).serving_method
+
+
+def drafter_family(drafter: Path) -> DrafterFamily:
+    """The drafter's family, told by the ``architectures`` of its ``config.json`` (none known: DFlash)."""
+    path, config = _drafter_config(drafter)
+    try:
+        return family_of_architectures(config.get("architectures") or [], str(path))
+    except ValueError:
+        return family("dflash")
 
 
 def drafter_needs_v2_runner(drafter: Path) -> bool:
     """Whether vLLM drafts the drafter in its V2 model runner only: DSpark, and DFlash2 (its V1 runner refuses
     ``DFlash candidate-head drafts``)."""
-    _, config = _drafter_config(drafter)
-    return bool({DSPARK_ARCHITECTURE, DFLASH2_ARCHITECTURE} & set(config.get("architectures") or []))
+    return not drafter_family(drafter).reference_route
 
 
 def drafter_block_size(drafter: Path) -> int:
@@ -253,7 +260,7 @@ def serve_check(target, drafter, prompts, limit, max_new_tokens, thinking, vllm_
     method = drafter_method(drafter)
     server = VllmServer(python, check.target, work, drafter_dir=check.drafter, num_speculative_tokens=block - 1,
                         method=method, v2_runner=drafter_needs_v2_runner(drafter))
-    kind = "dflash2" if DFLASH2_ARCHITECTURE in (_drafter_config(drafter)[1].get("architectures") or []) else method
+    kind = drafter_family(drafter).name
     click.echo(f"starting vLLM ({python}) for {check.target} with the {kind} drafter {check.drafter} "
                f"(block {block}, {block - 1} speculative tokens, thinking {'on' if thinking else 'off'}); "
                f"log {server.log_path}")

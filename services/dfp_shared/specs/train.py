@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from ..tokenizer_assets import AUTO_MASK_TOKEN, MASK_TOKEN
 from ._common import StorageUri
 from ._names import endpoint_name, removed_address
+from .families import DFLASH2_FIELDS, FAMILY_FIELDS, LAYOUTS
 
 LayerType = Literal["full_attention", "sliding_attention"]
 """The draft layers' attention kinds: the one list of their names (others read it with ``typing.get_args``)."""
@@ -39,8 +40,7 @@ MAX_SELECTOR_TOP_K = 256  # DFlash2's walk scores top_k x top_k edges per drafte
 MAX_CONV_GROUP = 1 << 16  # channels per group of DFlash2's convolutions (at most a hidden size)
 
 
-DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-"""The spec fields of a DFlash2 drafter, named as vLLM reads them from ``dflash_config``."""
+__all__ = ["DFLASH2_FIELDS", "TrainSpec"]  # DFLASH2_FIELDS: declared with its family in .families
 
 
 def _shown(n: int | float) -> str:
@@ -188,22 +188,15 @@ class TrainSpec(BaseModel):
     @model_validator(mode="after")
     def _family_fields(self) -> TrainSpec:
         # a value other than the default (a normalised spec carries every field, at its default when unset)
-        dspark_only = [name for name in ("markov_rank", "confidence_head", "confidence_loss_weight")
-                       if getattr(self, name) != type(self).model_fields[name].default]
-        if self.family != "dspark" and dspark_only:
-            raise ValueError(f"{', '.join(dspark_only)} set for family {self.family!r}: only `dspark` drafters have "
-                             f"a Markov or confidence head")
-        dflash2_only = [name for name in DFLASH2_FIELDS if getattr(self, name) != type(self).model_fields[name].default]
-        if self.family != "dflash2" and dflash2_only:
-            raise ValueError(f"{', '.join(dflash2_only)} set for family {self.family!r}: only `dflash2` drafters have "
-                             f"convolutions and a candidate selector")
-        if self.family == "dflash2" and self.conv_kernel_size > self.block_size:
-            raise ValueError(f"conv_kernel_size {self.conv_kernel_size} is more taps than a block has tokens "
-                             f"(block_size {self.block_size})")
-        if self.family == "dflash2" and self.draft_vocab_size is not None:
-            raise ValueError("draft_vocab_size with family 'dflash2': vLLM's DFlash2 drafts its LM head's row ids "
-                             "without mapping them to target ids, so a pruned vocabulary would be served wrongly")
-        if self.family != "dflash" and self.exports and "speculators" in self.exports:
+        for name, family in FAMILY_FIELDS.items():
+            foreign = [f for f in family.fields if getattr(self, f) != type(self).model_fields[f].default]
+            if self.family != name and foreign:
+                raise ValueError(f"{', '.join(foreign)} set for family {self.family!r}: only `{name}` drafters have "
+                                 f"{family.heads}")
+        own = FAMILY_FIELDS[self.family]
+        if own.check is not None:
+            own.check(self)
+        if self.exports and set(self.exports) - set(own.layouts):
             raise ValueError(f"exports: vLLM reads {self.family} drafters from the zlab layout only; export only zlab")
         return self
 
@@ -218,9 +211,9 @@ class TrainSpec(BaseModel):
         """The layouts to export: the spec's, or every one the layer types allow."""
         if self.exports:
             return list(dict.fromkeys(self.exports))
-        if self.family != "dflash":
-            return ["zlab"]
-        return ["zlab"] + (["speculators"] if len(set(self.layer_types or [FULL])) == 1 else [])
+        uniform = len(set(self.layer_types or [FULL])) == 1  # the speculators layout serves one kind of layer
+        return [layout for layout in LAYOUTS
+                if layout in FAMILY_FIELDS[self.family].layouts and (layout == "zlab" or uniform)]
 
     @field_validator("layer_types")
     @classmethod

@@ -13,15 +13,18 @@
   speak, :func:`~.batch.collate` and :func:`~.batch.fetch_hidden`;
 * :mod:`.load` - an exported drafter loaded back; :mod:`.wrappers` - the drafter inside DDP / compile.
 
-* :mod:`.dspark` - :class:`~.dspark.DSparkDrafter`, the DFlash drafter plus a sequential Markov head and a
-  confidence head (vLLM's method ``dspark``); :mod:`.dflash2` - :class:`~.dflash2.DFlash2Drafter`, the DFlash
-  drafter plus in-block grouped convolutions and a top-k candidate selector (vLLM's ``DFlash2DraftModel``);
-  :mod:`.families` - the module of each family (:func:`~.families.build_drafter`).
+* :mod:`.family` - the family registry (:class:`~.family.DrafterFamily`: one spec per family);
+  :mod:`.families` - the families, one folder each: ``dflash`` (the backbone itself), ``dspark`` (plus a
+  sequential Markov head and a confidence head, vLLM's method ``dspark``), ``dflash2`` (plus in-block grouped
+  convolutions and a top-k candidate selector, vLLM's ``DFlash2DraftModel``), and
+  :func:`~.families.build_drafter`.
 
-Further drafter families go here as small modules of their own sharing the backbone
+Further drafter families go in :mod:`.families` as folders of their own sharing the backbone
 (the draft layers of :mod:`.modeling_dflash`), the masks of :mod:`.attention` and the objective of
-:mod:`.objective`.
+:mod:`.objective`, and register there in one line.
 
 This is the lowest floor of the trainer: nothing here imports the training loop, the evaluation, the
 export or the trainer's top-level modules.
 """
+
+from . import families  # noqa: E402,F401  the families register before any config names one

@@ -6,30 +6,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, get_args
 
-from dfp_shared.specs.train import (
-    DFLASH2_FIELDS,
-    MAX_BLOCK_SIZE,
-    MAX_CONV_GROUP,
-    MAX_LAYERS,
-    MAX_MARKOV_RANK,
-    MAX_SELECTOR_RANK,
-    MAX_SELECTOR_TOP_K,
-    LayerType,
-)
+from dfp_shared.specs.train import MAX_BLOCK_SIZE, MAX_LAYERS, LayerType
 from transformers import Qwen3Config
 
 from .attention import FULL, SLIDING
+from .family import FAMILIES, family, family_of_architectures, family_of_fields
 
 LAYER_TYPES = get_args(LayerType)
 ARCHITECTURE = "DFlashDraftModel"
-DSPARK_ARCHITECTURE = "Qwen3DSparkModel"  # vLLM's Qwen3 DSpark drafter (served as method ``dspark``)
-DFLASH2_ARCHITECTURE = "DFlash2DraftModel"  # vLLM's DFlash2Qwen3ForCausalLM (served as method ``dflash``)
-# dflash_config keys vLLM's DFlash2 reads with a default; the project drafts at these values only
-_DFLASH2_FIXED = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
-AUTO_MODEL = "modeling_dflash.DFlashDraftModel"  # the modeling file's class, for AutoModel with trust_remote_code
 # rope keys of targets whose attention a Qwen3 layer does not have (partial rotary, multimodal sections)
 _NOT_QWEN3_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
 # config.json keys that are the draft layers' transformers Qwen3 config, written as it holds them
@@ -68,6 +55,9 @@ class DrafterConfig:
     conv_group_size: int | None = None  # DFlash2: channels per convolution group
     selector_rank: int | None = None  # DFlash2: rank of the candidate selector's codebooks
     selector_top_k: int | None = None  # DFlash2: candidates per drafted position
+    # the drafter family (:mod:`.families`, one registered :class:`~.family.DrafterFamily` each); None: the family
+    # whose own fields are set (a config built before the family was stored), stored as its name from then on
+    family: str | None = None
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -77,6 +67,8 @@ class DrafterConfig:
         self.rope_parameters = _qwen3_rope(self.rope_parameters, self.rope_theta, self.max_position_embeddings)
         if self.draft_vocab_size is not None and int(self.draft_vocab_size) == self.vocab_size:
             self.draft_vocab_size = None  # every row: the target's own head, no mapping
+        if self.family is None:
+            self.family = family_of_fields(self)
         self.validate()
 
     def validate(self) -> None:
@@ -100,11 +92,7 @@ class DrafterConfig:
         if self.draft_vocab_size is not None and not 1 <= int(self.draft_vocab_size) <= self.vocab_size:
             raise ValueError(f"draft_vocab_size {self.draft_vocab_size} asks for more rows than the target's "
                              f"vocabulary has ({self.vocab_size}); ask for at most {self.vocab_size}")
-        if self.markov_rank is not None and not 1 <= int(self.markov_rank) <= MAX_MARKOV_RANK:
-            raise ValueError(f"markov_rank must be 1..{MAX_MARKOV_RANK}, got {self.markov_rank}")
-        if self.confidence_head and self.markov_rank is None:
-            raise ValueError("a confidence head is a DSpark drafter's: set markov_rank")
-        self._validate_dflash2()
+        self._validate_family()
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
         unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
@@ -116,46 +104,29 @@ class DrafterConfig:
             raise ValueError(f"rope_parameters.rope_theta {self.rope_parameters['rope_theta']} differs from "
                              f"rope_theta {self.rope_theta}")
 
-    def _validate_dflash2(self) -> None:
-        given = [getattr(self, name) is not None for name in DFLASH2_FIELDS]
-        if not any(given):
-            return
-        if not all(given):
-            raise ValueError(f"a DFlash2 drafter needs all of {', '.join(DFLASH2_FIELDS)}")
-        if self.markov_rank is not None:
-            raise ValueError("a drafter is DSpark (markov_rank) or DFlash2 (conv_kernel_size), not both")
-        if self.pruned:
-            raise ValueError("a DFlash2 drafter drafts the target's whole vocabulary: vLLM takes its candidates' ids "
-                             "from the LM head's rows without mapping them by d2t")
-        for name, low, high in (("conv_kernel_size", 1, self.block_size), ("conv_group_size", 1, MAX_CONV_GROUP),
-                                ("selector_rank", 1, MAX_SELECTOR_RANK),
-                                ("selector_top_k", 1, min(MAX_SELECTOR_TOP_K, self.vocab_size))):
-            if not low <= int(getattr(self, name)) <= high:
-                raise ValueError(f"{name} must be {low}..{high}, got {getattr(self, name)}")
-        if self.hidden_size % int(self.conv_group_size):
-            raise ValueError(f"conv_group_size {self.conv_group_size} does not divide hidden_size {self.hidden_size}")
-        coefficients = 2 * int(self.conv_kernel_size) * (self.hidden_size // int(self.conv_group_size))
-        if coefficients > self.hidden_size:  # each convolution's coefficient projection at most H x H
-            raise ValueError(f"conv_kernel_size {self.conv_kernel_size} with conv_group_size {self.conv_group_size} "
-                             f"gives {coefficients} coefficients per token, more than hidden_size {self.hidden_size}: "
-                             f"use fewer taps or larger groups")
+    def _validate_family(self) -> None:
+        """The family's own fields set by it alone, then its own checks (see :class:`~.family.DrafterFamily`)."""
+        own = family(self.family)
+        for other in FAMILIES.values():
+            foreign = [name for name in other.config_fields if name not in own.config_fields and self.field_is_set(name)]
+            if other is not own and foreign:
+                raise ValueError(f"{', '.join(foreign)} set for a {own.name} drafter: a drafter is {own.name} or "
+                                 f"{other.name}, not both")
+        own.validate(self)
+
+    def field_is_set(self, name: str) -> bool:
+        """Whether a field differs from its default (a family's own field: whether the drafter has it)."""
+        return getattr(self, name) != _DEFAULTS[name]
 
     @property
     def num_context_features(self) -> int:
         return len(self.target_layer_ids)
 
     @property
-    def family(self) -> str:
-        """``dspark`` with a Markov head, ``dflash2`` with convolutions, else ``dflash``: the drafter module."""
-        if self.markov_rank is not None:
-            return "dspark"
-        return "dflash" if self.conv_kernel_size is None else "dflash2"
-
-    @property
     def serving_method(self) -> str:
         """vLLM's speculative method: ``dspark`` for DSpark; ``dflash`` for DFlash and DFlash2 (vLLM tells DFlash2
         by its architecture)."""
-        return "dspark" if self.family == "dspark" else "dflash"
+        return family(self.family).serving_method
 
     @property
     def pruned(self) -> bool:
@@ -196,43 +167,22 @@ class DrafterConfig:
         causality = self.causality_fields()
         dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
                   "block_size": self.block_size, **causality.pop("dflash_config", {})}
-        if self.family == "dflash2":  # vLLM reads them from dflash_config; no AutoModel class (DFlash's file)
-            dflash.update({name: int(getattr(self, name)) for name in DFLASH2_FIELDS}, **_DFLASH2_FIXED)
-        family = self._dspark_fields() if self.family == "dspark" else {"architectures": [DFLASH2_ARCHITECTURE]} \
-            if self.family == "dflash2" else {"architectures": [ARCHITECTURE], "auto_map": {"AutoModel": AUTO_MODEL}}
-        return {"architectures": family.pop("architectures"), "model_type": "qwen3",
+        own = family(self.family)
+        fields, dflash_fields = own.config_json(self)  # the family's beyond DFlash's
+        dflash.update(dflash_fields)
+        return {"architectures": [own.architecture], "model_type": "qwen3",
                 **{name: getattr(qwen3, name) for name in _QWEN3_KEYS},
                 "rope_theta": self.rope_theta, **causality, "block_size": self.block_size,
                 **({"draft_vocab_size": self.draft_vocab_size} if self.pruned else {}),
-                "num_target_layers": self.num_target_layers, "dflash_config": dflash, **family, "dtype": dtype}
-
-    def _dspark_fields(self) -> dict[str, Any]:
-        """The ``config.json`` fields vLLM's Qwen3 DSpark drafter reads beyond DFlash's: the Markov rank, the
-        confidence head (fed the hidden state only), and ``sample_from_anchor: false``: the DFlash block (anchor,
-        then masks that predict their own positions), as trained here. No ``auto_map``: the modeling file is
-        DFlash's."""
-        return {"architectures": [DSPARK_ARCHITECTURE], "markov_rank": self.markov_rank,
-                "enable_confidence_head": self.confidence_head, "confidence_head_with_markov": False,
-                "sample_from_anchor": False}
+                "num_target_layers": self.num_target_layers, "dflash_config": dflash, **fields, "dtype": dtype}
 
     @classmethod
     def from_config_dict(cls, data: Mapping[str, Any], source: str = "config.json") -> DrafterConfig:
         """The inverse of :meth:`to_config_dict`: a drafter's config from its ``config.json`` dict."""
-        architectures = data.get("architectures") or []
-        dspark, dflash2 = DSPARK_ARCHITECTURE in architectures, DFLASH2_ARCHITECTURE in architectures
-        if ARCHITECTURE not in architectures and not dspark and not dflash2:
-            raise ValueError(f"{source}: architectures {architectures} names none of {ARCHITECTURE}, "
-                             f"{DSPARK_ARCHITECTURE}, {DFLASH2_ARCHITECTURE}")
-        if dspark and (data.get("sample_from_anchor", True) or data.get("confidence_head_with_markov")):
-            raise ValueError(f"{source}: a DSpark drafter here drafts from the DFlash block with a confidence head of "
-                             f"the hidden state (sample_from_anchor and confidence_head_with_markov false)")
+        own = family_of_architectures(data.get("architectures") or [], source)
         dflash = data.get("dflash_config") or {}
-        if dflash2:
-            for name, value in _DFLASH2_FIXED.items():
-                if dflash.get(name) is not None and float(dflash[name]) != value:
-                    raise ValueError(f"{source}: dflash_config.{name} {dflash[name]}: the project drafts DFlash2 "
-                                     f"with {value} only")
-        for name in ("mask_token_id", "target_layer_ids", *(DFLASH2_FIELDS if dflash2 else ())):
+        own_fields = own.read_config(data, dflash, source)
+        for name in ("mask_token_id", "target_layer_ids"):
             if dflash.get(name) is None:
                 raise ValueError(f"{source}: field dflash_config.{name} missing")
         for name, value in (("is_causal", data.get("is_causal")), ("dflash_config.causal", dflash.get("causal"))):
@@ -246,10 +196,7 @@ class DrafterConfig:
                       block_size=int(dflash.get("block_size", data.get("block_size", 16))),
                       layer_types=data.get("layer_types") or [], sliding_window=data.get("sliding_window"),
                       attention_bias=bool(data.get("attention_bias", False)),
-                      draft_vocab_size=data.get("draft_vocab_size"),
-                      markov_rank=int(cfg.get("markov_rank")) if dspark else None,
-                      confidence_head=bool(data.get("enable_confidence_head", False)) and dspark,
-                      **{name: int(dflash[name]) if dflash2 else None for name in DFLASH2_FIELDS})
+                      draft_vocab_size=data.get("draft_vocab_size"), family=own.name, **own_fields)
         try:
             return cls(**fields)
         except ValueError as exc:
@@ -260,9 +207,11 @@ class DrafterConfig:
                    target_layer_ids: list[int] | None = None, layer_types: list[str] | None = None,
                    sliding_window: int | None = None, draft_vocab_size: int | None = None,
                    markov_rank: int | None = None, confidence_head: bool = False,
-                   dflash2: Mapping[str, int] | None = None) -> DrafterConfig:
-        """A drafter config sized to a target (a HF config object or its ``config.json`` dict), with its RoPE;
-        ``dflash2``: the DFlash2 fields (:data:`~dfp_shared.specs.train.DFLASH2_FIELDS`) of a DFlash2 drafter."""
+                   dflash2: Mapping[str, int] | None = None, family: str | None = None,
+                   **family_fields: Any) -> DrafterConfig:
+        """A drafter config sized to a target (a HF config object or its ``config.json`` dict), with its RoPE, of
+        ``family`` with its own ``family_fields`` (:attr:`~.family.DrafterFamily.config_fields`); ``markov_rank``,
+        ``confidence_head`` and ``dflash2`` (the DFlash2 fields) as before families were registered."""
         cfg = _ConfigView(target_config, "target config")
         num_target_layers = int(cfg.get("num_hidden_layers"))
         if mask_token_id is None:
@@ -279,7 +228,7 @@ class DrafterConfig:
                    target_layer_ids=list(target_layer_ids), mask_token_id=int(mask_token_id), block_size=block_size,
                    layer_types=list(layer_types or []), sliding_window=sliding_window,
                    draft_vocab_size=draft_vocab_size, markov_rank=markov_rank, confidence_head=confidence_head,
-                   **dict(dflash2 or {}))
+                   family=family, **dict(dflash2 or {}), **family_fields)
 
 
 class _ConfigView:
@@ -318,3 +267,6 @@ def _qwen3_rope(params: Mapping[str, Any] | None, theta: float, max_positions: i
     params.setdefault("rope_type", params.pop("type", "default"))
     params.setdefault("rope_theta", theta)
     return dict(Qwen3Config(rope_parameters=params, max_position_embeddings=max_positions).rope_parameters)
+
+
+_DEFAULTS = {f.name: f.default for f in fields(DrafterConfig)}  # a family's own fields default to "no such part"

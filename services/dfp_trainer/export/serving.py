@@ -14,6 +14,7 @@ import shlex
 
 from ..drafter.attention import SLIDING
 from ..drafter.config import DrafterConfig
+from ..drafter.family import family
 
 
 def local_path(uri: str) -> str:
@@ -36,7 +37,7 @@ def serving_commands(config: DrafterConfig, target: str, drafter: str, speculato
                             f"--speculative-num-draft-tokens {config.block_size}", "--attention-backend fa3"]),
         "transformers": _TRANSFORMERS_SNIPPET.format(drafter=drafter, target=target),
     }
-    if config.family != "dflash":  # vLLM's DSpark and DFlash2: its V2 model runner only; no SGLang or AutoModel route
+    if not family(config.family).reference_route:  # vLLM's DSpark and DFlash2: its V2 model runner only; no SGLang or AutoModel route
         del commands["sglang"], commands["transformers"]
         commands["vllm"] = "VLLM_USE_V2_MODEL_RUNNER=1 " + commands["vllm"].removeprefix(env)
     if speculators:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dfp_trainer.drafter.config import DrafterConfig
-from dfp_trainer.drafter.dflash2 import DFlash2Drafter, grouped_conv
+from dfp_trainer.drafter.families.dflash2.model import DFlash2Drafter, grouped_conv
 from dfp_trainer.drafter.load import load_exported
 from dfp_trainer.drafter.objective import dflash_loss
 from dfp_trainer.export.serving import serving_commands

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from dfp_shared.specs.train import TrainSpec
 from dfp_trainer.drafter.attention import decode_masks, training_masks
 from dfp_trainer.drafter.batch import Batch
-from dfp_trainer.drafter.dspark import DSparkDrafter
+from dfp_trainer.drafter.families.dspark.model import DSparkDrafter
 from dfp_trainer.drafter.load import load_exported
 from dfp_trainer.drafter.objective import block_targets, dflash_loss, sample_anchors
 from dfp_trainer.export.serving import serving_commands

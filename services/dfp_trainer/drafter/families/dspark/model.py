@@ -8,7 +8,7 @@ optional confidence head, as vLLM's Qwen3 DSpark drafter (``Qwen3DSparkModel``, 
   first draft position's bias comes from the anchor (the last verified token), each later one's from the
   token drafted just before it, mapped to its target id. Training runs it under teacher forcing: the bias of
   block position k comes from the sequence's true token at ``a + k - 1``, so the block cross-entropy of
-  :func:`~.objective.dflash_loss` is over the logits the drafter serves with.
+  :func:`~dfp_trainer.drafter.objective.dflash_loss` is over the logits the drafter serves with.
 * **Confidence head** (``confidence_head.proj.weight`` (1, H), ``confidence_head.proj.bias`` (1,)): a logit
   per draft position, of the position's final hidden state only (``confidence_head_with_markov: false``),
   whose sigmoid is the probability that the position's draft is right. Trained by binary cross-entropy
@@ -17,7 +17,7 @@ optional confidence head, as vLLM's Qwen3 DSpark drafter (``Qwen3DSparkModel``, 
   steering it. vLLM uses it only with ``enable_adaptive_verification`` (to size the verification budget);
   it never changes the drafted tokens.
 
-vLLM loads these names under ``model.`` beside the DFlash backbone's; :mod:`.config` writes the config fields.
+vLLM loads these names under ``model.`` beside the DFlash backbone's; its folder's ``__init__`` declares the config fields.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DrafterConfig
-from .model import DFlashDrafter
+from ...config import DrafterConfig
+from ...model import DFlashDrafter
 
 
 class MarkovHead(nn.Module):

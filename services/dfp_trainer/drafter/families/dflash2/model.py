@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DrafterConfig
-from .model import DFlashDrafter
-from .modeling_dflash import DraftLayer
+from ...config import DrafterConfig
+from ...model import DFlashDrafter
+from ...modeling_dflash import DraftLayer
 
 
 def grouped_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, block_size: int) -> torch.Tensor:

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
+from .s3_range_reader import S3RangeReader
+
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 32
@@ -398,7 +400,7 @@ class S3Store(ObjectStore):
         """Ranged GETs of ``buffer_size`` bytes as the stream is read (seekable: Parquet reads its footer first)."""
         k = self._key(key)
         head = self._call(lambda: self.client.head_object(Bucket=self.bucket, Key=k), self.url(key))
-        return io.BufferedReader(_S3RangeReader(self, k, int(head["ContentLength"]), self.url(key)), buffer_size)
+        return io.BufferedReader(S3RangeReader(self, k, int(head["ContentLength"]), self.url(key)), buffer_size)
 
     def get_file(self, key: str, dest: str | os.PathLike) -> Path:
         dest = Path(dest)
@@ -464,40 +466,6 @@ class S3Store(ObjectStore):
             self.client.head_bucket(Bucket=self.bucket)
         except Exception:
             self.client.create_bucket(Bucket=self.bucket)
-
-
-class _S3RangeReader(io.RawIOBase):
-    """A raw, seekable reader of one S3 object: each read is one ranged GET (retried like any other call)."""
-
-    def __init__(self, store: S3Store, key: str, size: int, url: str):
-        super().__init__()
-        self.store, self.key, self.size, self.where = store, key, size, url
-        self.pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
-
-    def readinto(self, buf) -> int:
-        n = min(len(buf), self.size - self.pos)
-        if n <= 0:
-            return 0
-        rng = f"bytes={self.pos}-{self.pos + n - 1}"
-        data = self.store._call(lambda: self.store.client.get_object(Bucket=self.store.bucket, Key=self.key,
-                                                                     Range=rng)["Body"].read(), self.where)
-        buf[:len(data)] = data
-        self.pos += len(data)
-        return len(data)
 
 
 def open_store(uri: str, endpoint_url: str | None = None, region: str = "us-east-1") -> ObjectStore:

@@ -184,36 +184,13 @@ def tokenize_items(items: Iterator[tuple[int, object]], uri: str, shard_key: str
     count (``line``, ``record``, ``row``) in the errors; a sample without an ``id`` is
     ``<id_prefix>:<line>`` or ``<id_prefix>#<position>``.
     """
-    stats = FileStats()
-    errors: list[dict] = []
-    ids_out: list[str] = []
-    tokens_out: list[np.ndarray] = []
-    masks_out: list[np.ndarray] = []
-    lengths: list[int] = []
+    out = _Outputs(uri, unit)
+    stats, bad = out.stats, out.bad
     batch: list[Prepared] = []
     batch_lines: list[int] = []
     batch_chars = 0
     pending: list[tuple[int, Sample]] = []  # parsed, to be rendered together in the render process
     pending_chars = 0
-
-    seen_ids: set[str] = set()
-
-    def bad(lineno: int, exc: SampleError, kept: bool = False) -> None:
-        if not kept:
-            stats.errors[exc.reason] += 1
-        errors.append({"file": uri, unit: lineno, "reason": exc.reason, "detail": short_detail(exc.detail),
-                       **({"id": exc.sample_id[:ID_CHARS]} if exc.sample_id else {}), **({"kept": True} if kept else {})})
-
-    def unique(lineno: int, sample) -> None:
-        """Report a sample id seen before in this file; raise to drop the line when the spec asks."""
-        if sample.id not in seen_ids:
-            seen_ids.add(sample.id)
-            return
-        dup = SampleError(DUPLICATE_ID, "an earlier line of this file has the same sample id", sample.id)
-        if encoder.spec.duplicate_ids == "drop":
-            raise dup
-        stats.duplicate_ids += 1
-        bad(lineno, dup, kept=True)
 
     def render() -> None:
         nonlocal pending_chars, batch_chars
@@ -236,40 +213,23 @@ def tokenize_items(items: Iterator[tuple[int, object]], uri: str, shard_key: str
             if isinstance(res, SampleError):
                 bad(lineno, res)
                 continue
-            _keep(res)
+            out.keep(res)
         batch.clear()
         batch_lines.clear()
         if check:
             check()
 
-    def _keep(res: Encoded) -> None:
-        ids_out.append(res.sample_id)
-        tokens_out.append(res.ids)
-        masks_out.append(res.mask)
-        lengths.append(len(res.ids))
-        stats.trained_tokens += int(res.mask.sum())
-        stats.truncated += int(res.truncated)
-
     max_line, max_chars = encoder.limits.max_line_bytes, encoder.limits.max_batch_chars
     checked = time.monotonic()
     for lineno, line in items:
-        if line is None:
-            stats.lines += 1
-            bad(lineno, SampleError(LINE_TOO_LONG, f"line longer than the limit of {max_line} bytes"))
-            continue
         stats.lines += 1
-        if isinstance(line, sources.RecordError):
-            bad(lineno, SampleError(line.code, line.reason))
-            continue
-        if isinstance(line, bytes) and not line.strip():
-            bad(lineno, SampleError(BLANK_LINE, "blank line"))
+        unreadable = _unreadable(line, max_line)
+        if unreadable is not None:
+            bad(lineno, unreadable)
             continue
         try:
-            if isinstance(line, bytes):
-                sample = parse_line(line, f"{id_prefix}:{lineno}")
-            else:
-                sample = parse_record(line, f"{id_prefix}:{lineno}" if unit == "line" else f"{id_prefix}#{lineno}")
-            unique(lineno, sample)
+            sample = _parse(line, lineno, id_prefix, unit)
+            out.unique(lineno, sample, drop=encoder.spec.duplicate_ids == "drop")
             pending.append((lineno, sample))
             pending_chars += sample_chars(sample)
         except SampleError as exc:
@@ -287,17 +247,79 @@ def tokenize_items(items: Iterator[tuple[int, object]], uri: str, shard_key: str
             checked = time.monotonic()
     render()
     flush()
+    return out.result(shard_key, encoder)
 
-    stats.samples = len(ids_out)
-    stats.tokens = int(sum(lengths))
-    if lengths:
-        counts, _ = np.histogram(np.asarray(lengths), bins=HIST_EDGES)
-        stats.histogram = [int(c) for c in counts]
-        stats.max_length = int(max(lengths))
-    meta = {"tokenizer_fingerprint": encoder.tokenizer_fingerprint,
-            "chat_template_fingerprint": encoder.chat_template_fingerprint, "source": uri}
-    shard = encode_shard(ids_out, tokens_out, masks_out, meta)
-    return FileResult(shard, shard_entry(shard_key, shard), errors, stats)
+
+def _parse(line, lineno: int, id_prefix: str, unit: str) -> Sample:
+    """The sample of a JSON line (bytes) or a decoded record; one without an id gets its place in the file."""
+    if isinstance(line, bytes):
+        return parse_line(line, f"{id_prefix}:{lineno}")
+    return parse_record(line, f"{id_prefix}:{lineno}" if unit == "line" else f"{id_prefix}#{lineno}")
+
+
+def _unreadable(line, max_line: int) -> SampleError | None:
+    """Why an item cannot be parsed before it is: an over-long line (None), a record source's error, a blank line."""
+    if line is None:
+        return SampleError(LINE_TOO_LONG, f"line longer than the limit of {max_line} bytes")
+    if isinstance(line, sources.RecordError):
+        return SampleError(line.code, line.reason)
+    if isinstance(line, bytes) and not line.strip():
+        return SampleError(BLANK_LINE, "blank line")
+    return None
+
+
+class _Outputs:
+    """What tokenizing one file keeps: the encoded samples, the bad lines' errors, the file's statistics."""
+
+    def __init__(self, uri: str, unit: str) -> None:
+        self.uri, self.unit = uri, unit
+        self.stats = FileStats()
+        self.errors: list[dict] = []
+        self.ids: list[str] = []
+        self.tokens: list[np.ndarray] = []
+        self.masks: list[np.ndarray] = []
+        self.lengths: list[int] = []
+        self.seen_ids: set[str] = set()
+
+    def bad(self, lineno: int, exc: SampleError, kept: bool = False) -> None:
+        if not kept:
+            self.stats.errors[exc.reason] += 1
+        self.errors.append({"file": self.uri, self.unit: lineno, "reason": exc.reason,
+                            "detail": short_detail(exc.detail),
+                            **({"id": exc.sample_id[:ID_CHARS]} if exc.sample_id else {}),
+                            **({"kept": True} if kept else {})})
+
+    def unique(self, lineno: int, sample, drop: bool) -> None:
+        """Report a sample id seen before in this file; raise to drop the line when the spec asks (``drop``)."""
+        if sample.id not in self.seen_ids:
+            self.seen_ids.add(sample.id)
+            return
+        dup = SampleError(DUPLICATE_ID, "an earlier line of this file has the same sample id", sample.id)
+        if drop:
+            raise dup
+        self.stats.duplicate_ids += 1
+        self.bad(lineno, dup, kept=True)
+
+    def keep(self, res: Encoded) -> None:
+        self.ids.append(res.sample_id)
+        self.tokens.append(res.ids)
+        self.masks.append(res.mask)
+        self.lengths.append(len(res.ids))
+        self.stats.trained_tokens += int(res.mask.sum())
+        self.stats.truncated += int(res.truncated)
+
+    def result(self, shard_key: str, encoder: SampleEncoder) -> FileResult:
+        stats, lengths = self.stats, self.lengths
+        stats.samples = len(self.ids)
+        stats.tokens = int(sum(lengths))
+        if lengths:
+            counts, _ = np.histogram(np.asarray(lengths), bins=HIST_EDGES)
+            stats.histogram = [int(c) for c in counts]
+            stats.max_length = int(max(lengths))
+        meta = {"tokenizer_fingerprint": encoder.tokenizer_fingerprint,
+                "chat_template_fingerprint": encoder.chat_template_fingerprint, "source": self.uri}
+        shard = encode_shard(self.ids, self.tokens, self.masks, meta)
+        return FileResult(shard, shard_entry(shard_key, shard), self.errors, stats)
 
 
 def sample_chars(sample: Sample) -> int:

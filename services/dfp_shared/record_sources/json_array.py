@@ -38,6 +38,56 @@ def _size(event: str, value) -> int:
     return 8 if event == "number" else 2
 
 
+def _handle(state: dict, wanted, max_record_bytes: int | None, event: str, value) -> Iterator[tuple[int, object]]:
+    """The records one parser event completes (the state of :func:`iter_array`'s walk updated)."""
+    depth = state["depth"]
+    if depth < 0:
+        return
+    if depth == 0:
+        if event != "start_array":
+            state["depth"] = -1  # not an array: nothing more is read
+            if wanted(0):
+                yield 0, RecordError(MALFORMED_JSON, f"not a JSON array (it starts with a {event})")
+        state["depth"] = 1
+        return
+    if depth == 1:
+        if event == "end_array":
+            state["depth"] = 0
+            return
+        state["index"] += 1
+        index = state["index"]
+        if event not in _CONTAINER_START:  # a bare value where a record should be
+            if wanted(index):
+                yield index, value
+            return
+        state["depth"] = 2
+        state["size"] = _size(event, value)
+        state["dropped"] = False
+        state["builder"] = ijson.ObjectBuilder() if wanted(index) else None
+        if state["builder"] is not None:
+            state["builder"].event(event, value)
+        return
+    # inside a record
+    if event in _CONTAINER_START:
+        state["depth"] += 1
+    elif event in _CONTAINER_END:
+        state["depth"] -= 1
+    builder = state["builder"]
+    if builder is not None:
+        state["size"] += _size(event, value)
+        if max_record_bytes is not None and state["size"] > max_record_bytes:
+            state["builder"], state["dropped"] = None, True
+        else:
+            builder.event(event, value)
+    if state["depth"] == 1:  # the record is complete
+        index = state["index"]
+        if builder is not None and state["builder"] is not None:
+            yield index, builder.value
+        elif state["dropped"]:
+            yield index, RecordError(RECORD_TOO_LONG, f"record longer than the limit of {max_record_bytes} bytes")
+        state["builder"] = None
+
+
 def iter_array(stream: BinaryIO, start: int = 0, end: int | None = None,
                max_record_bytes: int | None = None, chunk_bytes: int = CHUNK_BYTES
                ) -> Iterator[tuple[int, object]]:
@@ -51,52 +101,7 @@ def iter_array(stream: BinaryIO, start: int = 0, end: int | None = None,
         return index >= start and (end is None or index < end)
 
     def handle(event: str, value) -> Iterator[tuple[int, object]]:
-        depth = state["depth"]
-        if depth < 0:
-            return
-        if depth == 0:
-            if event != "start_array":
-                state["depth"] = -1  # not an array: nothing more is read
-                if wanted(0):
-                    yield 0, RecordError(MALFORMED_JSON, f"not a JSON array (it starts with a {event})")
-            state["depth"] = 1
-            return
-        if depth == 1:
-            if event == "end_array":
-                state["depth"] = 0
-                return
-            state["index"] += 1
-            index = state["index"]
-            if event not in _CONTAINER_START:  # a bare value where a record should be
-                if wanted(index):
-                    yield index, value
-                return
-            state["depth"] = 2
-            state["size"] = _size(event, value)
-            state["dropped"] = False
-            state["builder"] = ijson.ObjectBuilder() if wanted(index) else None
-            if state["builder"] is not None:
-                state["builder"].event(event, value)
-            return
-        # inside a record
-        if event in _CONTAINER_START:
-            state["depth"] += 1
-        elif event in _CONTAINER_END:
-            state["depth"] -= 1
-        builder = state["builder"]
-        if builder is not None:
-            state["size"] += _size(event, value)
-            if max_record_bytes is not None and state["size"] > max_record_bytes:
-                state["builder"], state["dropped"] = None, True
-            else:
-                builder.event(event, value)
-        if state["depth"] == 1:  # the record is complete
-            index = state["index"]
-            if builder is not None and state["builder"] is not None:
-                yield index, builder.value
-            elif state["dropped"]:
-                yield index, RecordError(RECORD_TOO_LONG, f"record longer than the limit of {max_record_bytes} bytes")
-            state["builder"] = None
+        return _handle(state, wanted, max_record_bytes, event, value)
 
     def current() -> int:
         """The index of the record being read (or the next one, between records)."""

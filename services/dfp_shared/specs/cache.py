@@ -17,10 +17,9 @@ class CacheSpec(BaseModel):
 
     dataset: StorageUri = Field(description="Tokenized dataset prefix (with its manifest).")
     target: StorageUri = Field(description="Target model directory (local or object storage).")
-    output: StorageUri | None = Field(
-        None, description="Prefix of the cache (a train spec's `hidden_state_cache`); unset: a prefix of the job's "
-                          "own under the storage root (<root>/jobs/<job id>/). It must be new or created by the same "
-                          "principal.")
+    output: StorageUri | None = Field(None, description="Prefix of the cache (a train spec's `hidden_state_cache`); "
+                                      "unset: a prefix of the job's own under the storage root (<root>/jobs/<job id>/). "
+                                      "It must be new or created by the same principal.")
     num_draft_layers: int = Field(5, ge=1, le=MAX_LAYERS,
                                   description="Draft layers of the drafter the cache is for: unless `target_layer_ids` "
                                               f"is set, one target layer each, as a train job picks them (1..{MAX_LAYERS}).")

@@ -117,10 +117,10 @@ class TrainSpec(BaseModel):
                             description="Token filling block positions 1..B-1: one of the target's tokens, or `auto`: "
                                         f"`{MASK_TOKEN}` when the tokenizer has it, else a special token the chat "
                                         "template never renders (recorded in the export as `mask_token_id`).")
-    draft_vocab_size: int | None = _within(None, 1, MAX_VOCAB, "Tokens the drafter can draft ({}, at most the "
-                                           "target's vocabulary): its own LM head of the target's rows of the most "
-                                           "frequent trained tokens of the dataset, the chat template's special tokens "
-                                           "always kept, exported with `d2t`; unset: the target's whole vocabulary.")
+    draft_vocab_size: int | None = _within(
+        None, 1, MAX_VOCAB, "Tokens the drafter can draft ({}, at most the target's vocabulary): its own LM head of "
+        "the target's rows of the most frequent trained tokens of the dataset, the chat template's special tokens "
+        "always kept, exported with `d2t`; unset: the target's whole vocabulary.")
     target_layer_ids: list[LayerId] | None = Field(
         None, min_length=1, max_length=MAX_LAYERS,
         description="Target layers read (1..64 indexes, each 0..1023, and below the target's layer count); unset: "

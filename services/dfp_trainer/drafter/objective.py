@@ -105,7 +105,7 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     and feature noise. Metrics are plain floats (and lists of floats); the ``*_sum``/``*_count`` entries
     add up across batches and ranks.
 
-    The rows go through the drafter's ``head_loss``: a DSpark drafter's (:mod:`.dspark`) biases each row's
+    The rows go through the drafter's ``head_loss``: a DSpark drafter's (:mod:`.families.dspark`) biases each row's
     logits by its Markov head of the previous true token (teacher forcing) and adds its confidence head's
     binary cross-entropy, averaged over the trained rows and weighted ``confidence_weight``, to the loss.
     """
@@ -129,13 +129,8 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     n = anchors.shape[1]
     labels, weights = block_targets(input_ids, loss_mask, lengths, anchors, valid, b, gamma)
 
-    block_ids = torch.full((s, n, b), cfg.mask_token_id, dtype=torch.long, device=dev)
-    block_ids[:, :, 0] = torch.gather(input_ids, 1, anchors)
-    positions = anchors[:, :, None] + torch.arange(b, device=dev)  # (S, N, B)
-    if noise_std > 0:
-        gen_dev = generator.device if generator is not None else torch.device("cpu")
-        noise = torch.randn(target_hidden.shape, generator=generator, device=gen_dev, dtype=torch.float32)
-        target_hidden = target_hidden + (noise_std * noise).to(dev, target_hidden.dtype)
+    block_ids, positions, target_hidden = _blocks(input_ids, anchors, cfg.mask_token_id, b, target_hidden, noise_std,
+                                                  generator)
 
     scored = weights > 0  # (S, N, B) trained positions: the accuracies count them all
     flat_labels, out_of_vocab = labels.reshape(-1), 0.0
@@ -156,20 +151,8 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
         blocks = scored.view(s * n, b).float() if out_of_vocab else torch.zeros(0, b, device=dev)
         zero = sum((p.sum() for p in model.trainable_parameters()), hidden.sum()) * 0.0  # a family's heads too
         return zero, {**_metrics(0.0, 0.0, torch.zeros_like(blocks), blocks, 0, b, out_of_vocab), "confidence_bce": 0.0}
-    hidden = hidden.reshape(s * n * b, -1)
-    ce_parts, extra = [], hidden.new_zeros((), dtype=torch.float32)
-    correct = torch.zeros_like(flat_w)
-    for start in range(0, rows.numel(), logits_chunk):
-        r = rows[start:start + logits_chunk]
-        args = (hidden[r], flat_labels[r], flat_prev[r], model)
-        if torch.is_grad_enabled() and hidden.requires_grad and rows.numel() > logits_chunk:
-            ce, ok, more = checkpoint(_chunk_loss, *args, use_reentrant=False)
-        else:
-            ce, ok, more = _chunk_loss(*args)
-        ce_parts.append(ce)
-        extra = extra + more
-        correct[r] = ok.detach()
-    ce_rows = torch.cat(ce_parts)
+    ce_rows, extra, correct = _row_losses(model, hidden.reshape(s * n * b, -1), rows, flat_labels, flat_prev,
+                                          flat_w, logits_chunk)
     trained = (weights > 0).view(s * n, b)
     if loss == "dpace":
         full_ce = torch.zeros_like(flat_w)
@@ -185,6 +168,41 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     metrics = _metrics(float(value.detach()), float(norm), correct.view(s * n, b), scored.view(s * n, b).float(),
                        int(valid.sum()), b, out_of_vocab)
     return value, {**metrics, "confidence_bce": float(confidence_bce.detach())}
+
+
+def _blocks(input_ids: torch.Tensor, anchors: torch.Tensor, mask_token_id: int, b: int, target_hidden: torch.Tensor,
+            noise_std: float, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The blocks' token ids (S, N, B: the anchor, then masks), their positions (S, N, B), and the target features
+    with the training noise added."""
+    s, n = anchors.shape
+    dev = input_ids.device
+    block_ids = torch.full((s, n, b), mask_token_id, dtype=torch.long, device=dev)
+    block_ids[:, :, 0] = torch.gather(input_ids, 1, anchors)
+    positions = anchors[:, :, None] + torch.arange(b, device=dev)  # (S, N, B)
+    if noise_std > 0:
+        gen_dev = generator.device if generator is not None else torch.device("cpu")
+        noise = torch.randn(target_hidden.shape, generator=generator, device=gen_dev, dtype=torch.float32)
+        target_hidden = target_hidden + (noise_std * noise).to(dev, target_hidden.dtype)
+    return block_ids, positions, target_hidden
+
+
+def _row_losses(model, hidden: torch.Tensor, rows: torch.Tensor, flat_labels: torch.Tensor, flat_prev: torch.Tensor,
+                flat_w: torch.Tensor, logits_chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The trained rows' cross-entropy, the family's extra loss summed, and each row's argmax hit, ``logits_chunk``
+    rows at a time (recomputed in the backward when there are more)."""
+    ce_parts, extra = [], hidden.new_zeros((), dtype=torch.float32)
+    correct = torch.zeros_like(flat_w)
+    for start in range(0, rows.numel(), logits_chunk):
+        r = rows[start:start + logits_chunk]
+        args = (hidden[r], flat_labels[r], flat_prev[r], model)
+        if torch.is_grad_enabled() and hidden.requires_grad and rows.numel() > logits_chunk:
+            ce, ok, more = checkpoint(_chunk_loss, *args, use_reentrant=False)
+        else:
+            ce, ok, more = _chunk_loss(*args)
+        ce_parts.append(ce)
+        extra = extra + more
+        correct[r] = ok.detach()
+    return torch.cat(ce_parts), extra, correct
 
 
 def _metrics(loss: float, weight_sum: float, correct: torch.Tensor, trained: torch.Tensor, num_blocks: int,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from dfp_shared.job_types import GENERATE, PIPELINE, TOKENIZE, TRAIN
 from dfp_shared.jobs import JobNotFound, JobRecord
 from fastapi.sse import ServerSentEvent
 
@@ -25,7 +26,7 @@ from .store import AsyncJobReader
 PROGRESS_MIN_INTERVAL_S = 0.25
 
 
-STAGES_LATEST_FIRST = ("train", "tokenize", "generate")
+STAGES_LATEST_FIRST = tuple(t.name for t in (TRAIN, TOKENIZE, GENERATE))
 
 
 def _progress(rec: JobRecord, stage: JobRecord | None) -> dict:
@@ -38,7 +39,7 @@ def _progress(rec: JobRecord, stage: JobRecord | None) -> dict:
 
 async def _current_stage(reader: AsyncJobReader, rec: JobRecord) -> JobRecord | None:
     """A pipeline's latest stage job (its progress is the pipeline's detail), else None."""
-    if rec.type != "pipeline":
+    if rec.type != PIPELINE.name:
         return None
     for stage in STAGES_LATEST_FIRST:
         job_id = rec.outputs.get(f"{stage}_job")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable
 from typing import Annotated
 
+from dfp_shared.job_types import PIPELINE
 from dfp_shared.jobs import METRICS_PAGE_MAX, JobRecord, JobState
 from dfp_shared.metrics import metrics_payload
 from dfp_shared.specs.train import MAX_STEPS
@@ -142,7 +143,7 @@ async def job_metrics(job: ExistingJob, reader: Reader,
                       ) -> MetricPage:
     """A train job's metric history (for a pipeline, its train stage's): points after step `after`, oldest
     first; new points also arrive on the job's event stream as `metrics` events."""
-    job_id = job.outputs.get("train_job") if job.type == "pipeline" else job.id
+    job_id = job.outputs.get("train_job") if job.type == PIPELINE.name else job.id
     if not job_id:  # a pipeline before its train stage
         return MetricPage(job_id=job.id, items=[], next_after=None)
     items = await reader.metrics(job_id, after, limit)

@@ -8,11 +8,13 @@ stage specs are those models minus the field the pipeline wires from the previou
 from __future__ import annotations
 
 from enum import Enum
+from functools import reduce
+from operator import or_
 from typing import Annotated, Any, Literal
 
-from dfp_shared.job_types import JOB_TYPES, fed_fields
+from dfp_shared.job_types import JOB_TYPES, PIPELINE, TOKENIZE, TRAIN, fed_fields
 from dfp_shared.jobs import JobState
-from dfp_shared.specs import CacheSpec, EvaluateSpec, GenerateSpec, ImportGGUFSpec, TokenizeSpec, TrainSpec
+from dfp_shared.specs import GenerateSpec
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 JobType = Enum("JobType", {name: name for name in JOB_TYPES}, type=str)
@@ -31,8 +33,8 @@ def _stage_model(stage: str) -> type[BaseModel]:
     return model
 
 
-PipelineTokenizeStage = _stage_model("tokenize")
-PipelineTrainStage = _stage_model("train")
+PipelineTokenizeStage = _stage_model(TOKENIZE.name)
+PipelineTrainStage = _stage_model(TRAIN.name)
 
 
 class PipelineRequestSpec(BaseModel):
@@ -60,19 +62,14 @@ def _job_request(name: str, job_type: str, spec: type[BaseModel]) -> type[BaseMo
                         type=(Literal[job_type], ...), spec=(spec, ...))
 
 
-GenerateJobRequest = _job_request("GenerateJob", "generate", GenerateSpec)
-TokenizeJobRequest = _job_request("TokenizeJob", "tokenize", TokenizeSpec)
-TrainJobRequest = _job_request("TrainJob", "train", TrainSpec)
-PipelineJobRequest = _job_request("PipelineJob", "pipeline", PipelineRequestSpec)
-EvaluateJobRequest = _job_request("EvaluateJob", "evaluate", EvaluateSpec)
-CacheJobRequest = _job_request("CacheJob", "cache", CacheSpec)
-ImportGGUFJobRequest = _job_request("ImportGGUFJob", "import_gguf", ImportGGUFSpec)
+# the request body's spec of each job type: its spec model, but a pipeline's (stages validated as wired)
+_REQUEST_SPECS: dict[str, type[BaseModel]] = {PIPELINE.name: PipelineRequestSpec}
+# one request model per job type of dfp_shared.job_types, in its order: ``<Spec name without Spec>JobRequest``
+JOB_REQUESTS: dict[str, type[BaseModel]] = {
+    name: _job_request(t.spec.__name__.removesuffix("Spec") + "Job", name, _REQUEST_SPECS.get(name, t.spec))
+    for name, t in JOB_TYPES.items()}
 
-JobRequest = Annotated[
-    GenerateJobRequest | TokenizeJobRequest | TrainJobRequest | PipelineJobRequest | EvaluateJobRequest
-    | CacheJobRequest | ImportGGUFJobRequest,
-    Field(discriminator="type"),
-]
+JobRequest = Annotated[reduce(or_, JOB_REQUESTS.values()), Field(discriminator="type")]
 
 
 class UnitProgress(BaseModel):

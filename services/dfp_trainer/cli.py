@@ -38,7 +38,7 @@ def worker(settings: TrainerSettings, max_tasks, idle_exit):
         from dfp_shared.metrics import start_metrics_server
         from dfp_shared.signals import StopSignals
 
-        from .worker import follow
+        from .jobs.launch import follow
 
         start_metrics_server(settings.metrics_port)  # what the pod's probes check
         follow(settings, r, StopSignals().install().stop)

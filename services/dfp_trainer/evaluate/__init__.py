@@ -5,7 +5,7 @@
 * :mod:`.prediction` - the τ held-out per-position accuracies predict, and the train/serve verdict;
 * :mod:`.ngram` - n-gram (prompt-lookup) speculation, the baseline without a drafter;
 * :mod:`.prompts` - which prompts a training run evaluates on;
-* :mod:`.job` and :mod:`.handler` - the ``evaluate`` job and its worker handler;
+* :mod:`.job` - the ``evaluate`` job (its worker handler: :mod:`dfp_trainer.jobs.evaluate`);
 * :mod:`.serve_reference` - the plain greedy reference decode a served drafter is checked against.
 
 Above :mod:`dfp_trainer.drafter` only.

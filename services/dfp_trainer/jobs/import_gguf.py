@@ -22,11 +22,10 @@ from dfp_shared.job_flow import finish_job
 from dfp_shared.jobs import JobState
 from dfp_shared.queue import Task
 from dfp_shared.specs.import_gguf import ImportGGUFSpec
-from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.worker import TaskCancelled, TaskContext
 from prometheus_client import Counter
 
-from .settings import TrainerSettings
+from .base import JobRunner
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +33,8 @@ IMPORTS = Counter("dfp_trainer_gguf_imports_total", "GGUF import jobs finished, 
 IMPORTED_BYTES = Counter("dfp_trainer_gguf_imported_bytes_total", "Bytes of GGUF files imported")
 
 
-class ImportGGUFHandler:
-    """Runs an admitted task of an import_gguf job (the train stream's :class:`~.worker.TrainHandler` admits it)."""
-
-    def __init__(self, settings: TrainerSettings, redis_client, roots: StorageRoots):
-        self.settings, self.r, self.roots = settings, redis_client, roots
+class ImportGGUFHandler(JobRunner):
+    """Runs an admitted task of an import_gguf job."""
 
     def __call__(self, task: Task, ctx: TaskContext) -> None:
         spec: ImportGGUFSpec = ctx.spec

@@ -16,17 +16,14 @@ from dfp_shared.queue import Task
 from dfp_shared.specs.evaluate import EvaluateSpec
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
-from ..settings import TrainerSettings
-from .job import REPORT_NAME, EvaluateError, evaluate_job
+from ..evaluate.job import REPORT_NAME, EvaluateError, evaluate_job
+from .base import JobRunner
 
 log = logging.getLogger(__name__)
 
 
-class EvaluateHandler:
-    """Runs an admitted task of an evaluate job (the train stream's :class:`~.worker.TrainHandler` admits it)."""
-
-    def __init__(self, settings: TrainerSettings, redis_client):
-        self.settings, self.r = settings, redis_client
+class EvaluateHandler(JobRunner):
+    """Runs an admitted task of an evaluate job."""
 
     def __call__(self, task: Task, ctx: TaskContext) -> None:
         spec: EvaluateSpec = ctx.spec

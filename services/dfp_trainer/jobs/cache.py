@@ -2,7 +2,7 @@
 
 One task (the plan task, on the ``train`` stream) fills the whole cache under the spec's ``output``:
 the target's features of every sample of the dataset for the drafter's layers, shard by shard, each
-written whole (:mod:`.loop.hidden_cache`), so a train job with ``hidden_states: offline`` then runs
+written whole (:mod:`..loop.hidden_cache`), so a train job with ``hidden_states: offline`` then runs
 without a target. Admitted as every job task is (:class:`~dfp_shared.worker.JobHandler`: spec validated,
 storage URIs checked, the cache prefix claimed for the job's owner). A stop (SIGTERM) ends the fill
 between shards and gives the task back; the next delivery computes only the shards still missing.
@@ -30,10 +30,11 @@ from dfp_shared.specs.cache import CacheSpec
 from dfp_shared.token_shards import DatasetError, load_dataset
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
-from .loop.distributed import DistInfo
-from .loop.hidden_cache import complete, open_cache, run_key
-from .loop.prepare import TrainError, check_source, open_source
-from .settings import TrainerSettings
+from ..loop.distributed import DistInfo
+from ..loop.hidden_cache import complete, open_cache, run_key
+from ..loop.prepare import TrainError, check_source, open_source
+from ..settings import TrainerSettings
+from .base import JobRunner
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +85,8 @@ def fill_cache(spec: CacheSpec, settings: TrainerSettings, *, counters: Callable
         asyncio.run(source.close())
 
 
-class CacheHandler:
-    """Runs an admitted task of a cache job (the train stream's :class:`~.worker.TrainHandler` admits it)."""
-
-    def __init__(self, settings: TrainerSettings, redis_client):
-        self.settings, self.r = settings, redis_client
+class CacheHandler(JobRunner):
+    """Runs an admitted task of a cache job."""
 
     def __call__(self, task: Task, ctx: TaskContext) -> None:
         spec: CacheSpec = ctx.spec

@@ -1,7 +1,8 @@
 """The training loop and what feeds it.
 
-* :mod:`.train` - the loop: :class:`~.train.Training` built once (:mod:`.state`: set-up and resume), each
-  micro-batch through :mod:`.step`, each step's figures recorded by :mod:`.figures` (metrics, gauges,
+* :mod:`.train` - the loop: :class:`~.train.Training` built once (:mod:`.state`: set-up and resume; the
+  optimiser and its schedule: :mod:`.optimizer`), each micro-batch through :mod:`.step` (the loss recipe:
+  :class:`~dfp_trainer.drafter.objective.LossRecipe`), each step's figures recorded by :mod:`.figures` (metrics, gauges,
   progress), checkpoints (:mod:`.checkpoint`, :mod:`.state_codec`);
 * :mod:`.prepare` - the run's checked inputs: dataset, target parts, tokenizer, hidden-state source;
 * the input pipeline: :mod:`.data` (dataset, sampler), :mod:`.inputs` (the run's micro-batches) and

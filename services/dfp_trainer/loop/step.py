@@ -8,7 +8,7 @@ import contextlib
 import torch
 from dfp_shared.specs.train import TrainSpec
 
-from ..drafter.objective import dflash_loss
+from ..drafter.objective import LossRecipe, dflash_loss
 from .data import step_seed
 from .inputs import Item
 from .state import TrainState
@@ -22,9 +22,7 @@ def train_micro_batch(state: TrainState, item: Item, spec: TrainSpec, world_size
     gen = torch.Generator().manual_seed(step_seed(spec.seed, item.step, item.shard))
     sync = contextlib.nullcontext() if item.last or world_size == 1 else model.no_sync()
     with sync:
-        loss, metrics = dflash_loss(model, item.batch, max_anchors=spec.max_anchors, gamma=spec.gamma,
-                                    noise_std=spec.noise_std, generator=gen, loss=spec.loss,
-                                    dpace_alpha=spec.dpace_alpha, confidence_weight=spec.confidence_loss_weight)
+        loss, metrics = dflash_loss(model, item.batch, generator=gen, **LossRecipe.from_spec(spec).kwargs())
         (loss / spec.grad_accum).backward()
     accumulate(acc, metrics, tokens=item.batch.num_tokens)
     if not item.last:

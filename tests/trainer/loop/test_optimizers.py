@@ -11,7 +11,7 @@ import pytest
 import torch
 from dfp_shared.specs.train import TrainSpec
 from dfp_trainer.loop.distributed import DistInfo
-from dfp_trainer.loop.state import MuonAdamW, lr_lambda, make_optimizer
+from dfp_trainer.loop.optimizer import MuonAdamW, lr_lambda, make_optimizer
 from dfp_trainer.run import train
 
 from tests.trainer.train_support import final_weights, run_config, tiny_spec, torch_threads

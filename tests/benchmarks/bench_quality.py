@@ -13,8 +13,8 @@ Project: τ of the trained drafter (tokens per verify step). Baseline: τ of n-g
 Limit: the block size (every draft accepted). Also printed: the untrained drafter's τ, the
 acceptance of each draft position, and the wall time of each stage. ``--levers`` trains and
 evaluates one drafter per recipe lever (feature noise, loss decay γ, anchors, block size 16,
-D-PACE, the drafter families and draft vocabulary sizes) beside the base recipe and prints τ per lever,
-with the training's tokens/s and the draft vocabulary's coverage of the trained tokens.
+D-PACE, draft layers started from the target's, the drafter families and draft vocabulary sizes) beside the
+base recipe and prints τ per lever, with the training's tokens/s and the draft vocabulary's coverage of the trained tokens.
 
 Stages are cached under ``--work`` by their inputs, so a second run (or another lever) redoes only
 what changed; a cached stage shows the time it took when it ran.
@@ -41,6 +41,7 @@ LEVERS = {
     "max_anchors=16": {"max_anchors": 16},
     "block_size=16": {"block_size": 16, "gamma": 7.0},
     "loss=dpace": {"loss": "dpace"},
+    "init=target_layers": {"init": "target_layers"},  # the draft layers start as the target's last two
 }
 # the drafter families and draft vocabularies (shared with the real-target benchmark): each beside the base
 # recipe's DFlash drafter over the target's full vocabulary
@@ -146,8 +147,8 @@ def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path, *
         raise RuntimeError("training stopped before its last step")
 
 
-def untrained_export(model_dir: Path, trained: Path, out: Path) -> None:
-    """The drafter the run started from (same config, same seed), exported like a trained one."""
+def untrained_export(model_dir: Path, trained: Path, out: Path, init: str = "random") -> None:
+    """The drafter the run started from (same config, same seed, same ``init``), exported like a trained one."""
     import torch
     from dfp_shared.models import load_causal_lm
     from dfp_trainer.drafter.load import load_exported
@@ -158,7 +159,12 @@ def untrained_export(model_dir: Path, trained: Path, out: Path) -> None:
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
     config = load_exported(trained, embed, head).config
     torch.manual_seed(SEED)  # as the trainer initialises a run
-    export_drafter(DFlashDrafter(config, embed, head), out)
+    drafter = DFlashDrafter(config, embed, head)
+    if init == "target_layers":
+        from dfp_trainer.drafter.init_from_target import init_from_target_layers
+
+        init_from_target_layers(drafter, model_dir)
+    export_drafter(drafter, out)
 
 
 def evaluate(model_dir: Path, drafter: Path, prompt_sets: list[Path], prompts: int, max_new_tokens: int, out: Path,
@@ -188,7 +194,7 @@ def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, untrained
     trained, start, ran = sets(evaluated), None, train_figures(run)
     if untrained:
         start = sets(stages.run(f"evaluate-untrained.{name}", digest(key, ctx["eval_key"], "untrained"), lambda out: (
-            untrained_export(ctx["model"], run / "drafter", out / "drafter"),
+            untrained_export(ctx["model"], run / "drafter", out / "drafter", recipe.get("init", "random")),
             evaluate(ctx["model"], out / "drafter", [ctx["heldout"]], ctx["eval_prompts"], ctx["max_new_tokens"], out))))
     return {"tau": trained["dflash"]["tau"], "tau_vllm": trained["dflash"]["tau_vllm"],
             "tau_untrained": start["dflash"]["tau"] if start else None, "tau_ngram": trained["ngram"]["tau"],
@@ -251,7 +257,7 @@ def main() -> None:
     unknown = set(chosen) - set(LEVERS)
     if unknown:
         ap.error(f"--only: unknown levers {sorted(unknown)}; choose from {list(LEVERS)}")
-    levers = {name: recipe_figures(stages, ctx, name, {**BASE_RECIPE, **LEVERS[name]}, untrained=False)
+    levers = {name: recipe_figures(stages, ctx, name, {**BASE_RECIPE, **LEVERS[name]}, untrained="init" in LEVERS[name])
               for name in chosen}
     print(f"\nheld-out prompts: {args.eval_prompts}, {args.max_new_tokens} new tokens each; drafter: "
           f"{args.steps} steps on {args.train_prompts} completions")
@@ -270,7 +276,7 @@ def main() -> None:
            target=model.name, steps=args.steps, train_prompts=args.train_prompts, eval_prompts=args.eval_prompts,
            stage_seconds=stages.times,
            train_tokens_per_s=base["train_tokens_per_s"],
-           levers={n: {k: f[k] for k in ("tau", "tau_vllm", "tau_ngram", "position_acceptance",
+           levers={n: {k: f[k] for k in ("tau", "tau_vllm", "tau_untrained", "tau_ngram", "position_acceptance",
                                          "train_tokens_per_s", "draft_vocab_coverage")}
                    for n, f in levers.items()})
 

@@ -290,6 +290,20 @@ def test_a_sliding_window_drafter_is_served_as_trained(vllm_python, servable_tar
     assert result["acceptance_equal"]
 
 
+def test_a_drafter_started_from_the_targets_layers_is_served_as_trained(vllm_python, servable_target,
+                                                                       tmp_path_factory, tmp_path):
+    """``init: target_layers`` changes only the drafter's starting weights: the export is the same layout, and vLLM
+    serves it with outputs equal to greedy and drafts equal to the project's decoder."""
+    drafter = _train_drafter(tmp_path_factory.mktemp("target-layers-drafter"), servable_target,
+                             init="target_layers", num_draft_layers=2)
+    messages, ids = load_prompts(None, limit=4)
+    for server in _serve(vllm_python, servable_target, drafter, tmp_path_factory.mktemp("vllm-init-logs")):
+        result = run_check(ServeCheck(servable_target, drafter, messages, ids, MAX_NEW_TOKENS, False, tmp_path), server)
+    print(json.dumps({k: result[k] for k in ("vllm", "project_whole_blocks", "project_tau")}))
+    _assert_served_as_the_project_drafts(result)
+    assert result["outputs_equal"]
+
+
 def test_a_drafter_of_a_llama_target_without_mask_token_is_served_as_trained(vllm_python, qwen3_tokenizer_dir,
                                                                              tmp_path_factory, tmp_path):
     """A Llama target shaped like SmolLM2 (tied embeddings, ChatML without thinking mode, no mask token): the

@@ -106,6 +106,11 @@ class TrainSpec(BaseModel):
                                  "`dflash2` only.")
     selector_top_k: int = _within(8, 1, MAX_SELECTOR_TOP_K, "Candidates per drafted position among which the DFlash2 "
                                   "selector chooses ({}); `dflash2` only.")
+    init: Literal["random", "target_layers"] = Field(
+        "random", description="How the draft layers start: `random` (normal, std 0.02), or `target_layers`: copied from "
+                              "the target's last num_draft_layers decoder layers, the final norm from the target's, "
+                              "`fc` the identity on the deepest target layer's features (Qwen3, Llama and Mistral "
+                              "targets).")
     num_draft_layers: int = _within(5, 1, MAX_LAYERS, "Draft decoder layers (one target layer feeds each), {}.")
     block_size: int = _within(16, 2, MAX_BLOCK_SIZE, "Tokens per draft block (anchor + block_size-1 masks), {}.")
     layer_types: list[LayerType] | None = Field(

@@ -20,6 +20,7 @@ from dfp_shared.tokenizer_assets import (
 )
 
 from ..drafter.families import build_drafter
+from ..drafter.init_from_target import init_from_target_layers
 from ..drafter.target_parts import load_target_parts
 from ..drafter.vocab import VocabError, choose_draft_vocab, coverage, required_token_ids, trained_token_counts
 from ..run_config import RunConfig
@@ -102,6 +103,8 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
         draft_ids, draft_vocab = choose_vocab(spec, tokenizer, dataset, train_pool, drafter_config.vocab_size)
     torch.manual_seed(spec.seed)
     drafter = build_drafter(drafter_config, embed, lm_head, draft_ids).to(info.device)
+    if spec.init == "target_layers":
+        init_from_target(drafter, model_dir)
     initial = {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items()}
 
     offline = spec.hidden_states == "offline"
@@ -126,6 +129,17 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
             raise TrainError(str(exc)) from None
     return Setup(config, model_dir, tokenizer, dataset, drafter, initial, source, layer_ids, eval_index, train_pool,
                  max_tokens, draft_vocab)
+
+
+def init_from_target(drafter: torch.nn.Module, model_dir) -> None:
+    """Start the draft layers from the target's (:mod:`..drafter.init_from_target`); :class:`TrainError` if it cannot."""
+    try:
+        done = init_from_target_layers(drafter, model_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        raise TrainError(f"target: {exc}") from None
+    log.info("draft layers copied from the target's", extra={"target_layers": done.layer_ids,
+                                                             "fc_identity_on_layer": done.feature_layer,
+                                                             "left_at_init": done.kept})
 
 
 def choose_vocab(spec: TrainSpec, tokenizer, dataset, train_pool: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from dfp_shared.tokenizer_assets import (
     tokenizer_fingerprint,
 )
 
+from ..drafter.distill import check_teacher_target, teacher_layer_ids
 from ..drafter.families import build_drafter
 from ..drafter.target_parts import load_target_parts
 from ..drafter.vocab import VocabError, choose_draft_vocab, coverage, required_token_ids, trained_token_counts
@@ -48,6 +49,12 @@ class Setup:
     train_pool: torch.Tensor
     max_tokens_per_request: int | None
     draft_vocab: dict | None = None  # a pruned vocabulary's coverage of the trained tokens (:func:`~..drafter.vocab.coverage`)
+    teacher_layer_ids: list[int] = field(default_factory=list)  # the target's last layer when the run distils
+
+    @property
+    def fetched_layer_ids(self) -> list[int]:
+        """The layers read from the hidden-state source: the drafter's, then the teacher's (:mod:`..drafter.distill`)."""
+        return self.layer_ids + self.teacher_layer_ids
 
     @property
     def spec(self) -> TrainSpec:
@@ -81,6 +88,11 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
     except (FileNotFoundError, ValueError) as exc:
         raise TrainError(f"target: {exc}") from None
     target_config, embed, lm_head, num_layers = parts.config, parts.embed_tokens, parts.lm_head, parts.num_layers
+    try:
+        if spec.distill_weight > 0:
+            check_teacher_target(target_config)
+    except ValueError as exc:
+        raise TrainError(f"target {spec.target}: {exc}") from None
     if spec.target_layer_ids is not None:
         bad = [i for i in spec.target_layer_ids if not 0 <= i < num_layers]
         if bad:
@@ -111,21 +123,22 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
     elif source is None:
         source = open_source(config.target_address, model_dir, info)
     layer_ids = list(drafter_config.target_layer_ids)
+    teacher = teacher_layer_ids(num_layers, spec.distill_weight > 0)
     max_tokens = None
     if source is not None:
-        check_source(source, spec, model_dir, num_layers, drafter_config.hidden_size, layer_ids)
+        check_source(source, spec, model_dir, num_layers, drafter_config.hidden_size, layer_ids + teacher)
         max_tokens = int(getattr(source.model_info(), "max_tokens_per_request", 0) or 0) or None
     if spec.hidden_states != "online":
         try:
             source = cached_source(config, info, dataset, online=source, target_fingerprint=model_fingerprint(model_dir),
-                                   layer_ids=layer_ids, hidden_size=drafter_config.hidden_size, num_layers=num_layers,
+                                   layer_ids=layer_ids + teacher, hidden_size=drafter_config.hidden_size, num_layers=num_layers,
                                    max_tokens_per_request=max_tokens, counters=counters, should_stop=should_stop)
         except CacheError as exc:
             if opened:
                 _close(source)
             raise TrainError(str(exc)) from None
     return Setup(config, model_dir, tokenizer, dataset, drafter, initial, source, layer_ids, eval_index, train_pool,
-                 max_tokens, draft_vocab)
+                 max_tokens, draft_vocab, teacher)
 
 
 def choose_vocab(spec: TrainSpec, tokenizer, dataset, train_pool: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, dict]:

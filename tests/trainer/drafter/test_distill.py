@@ -9,13 +9,12 @@ import pytest
 import torch
 from dfp_shared.hidden_states import InProcessTarget
 from dfp_shared.specs.train import TrainSpec
-from dfp_trainer.drafter.attention import training_masks
 from dfp_trainer.drafter.batch import Batch
 from dfp_trainer.drafter.distill import check_teacher_target, teacher_logits
 from dfp_trainer.drafter.objective import block_targets, dflash_loss, sample_anchors
 from dfp_trainer.drafter.target_parts import load_target_parts
 
-from tests.trainer.drafter_support import one_thread, small_drafter
+from tests.trainer.drafter_support import block_hidden, one_thread, small_drafter
 
 H, T = 32, 20
 PRUNED = torch.tensor([0, 3, 5, 8, 13, 21, 34, 55, 60, 61, 62, 70, 77, 80, 90, 99])
@@ -59,11 +58,7 @@ def _direct(drafter, ids, loss_mask, feats, teacher, lengths, anchors, valid, ga
     b = cfg.block_size
     labels, weights = block_targets(ids, loss_mask, lengths, anchors, valid, b, gamma)
     s, n = anchors.shape
-    block = torch.full((s, n, b), cfg.mask_token_id)
-    block[:, :, 0] = torch.gather(ids, 1, anchors)
-    pos = anchors[:, :, None] + torch.arange(b)
-    masks = training_masks(anchors, b, T, cfg.layer_types, cfg.sliding_window, "sdpa")
-    hidden = drafter(block.view(s, -1), pos.view(s, -1), feats, torch.arange(T), masks).view(s, n, b, -1)
+    hidden = block_hidden(drafter, ids, feats, anchors)  # (S, N, B, H)
     draft_ids = PRUNED if cfg.pruned else torch.arange(cfg.vocab_size)
     ce_sum, kl_sum, w_sum = 0.0, 0.0, 0.0
     for i in range(s):

@@ -149,3 +149,26 @@ def test_the_spec_bounds_the_weight_and_refuses_what_cannot_be_distilled():
     check_teacher_target({"final_logit_softcapping": None})
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         check_teacher_target({"final_logit_softcapping": 30.0})
+
+
+def test_a_distilling_run_from_the_cache_trains_evaluates_and_exports(tmp_path, tiny_qwen3_dir, tiny_dataset):
+    import json
+
+    from dfp_shared.storage import open_store
+    from dfp_trainer.run import run_local
+    from dfp_trainer.settings import TrainerSettings
+
+    from tests.trainer.train_support import tiny_spec
+
+    # DSpark over a pruned vocabulary, the held-out evaluation reading the teacher's layer from the cache too
+    spec = TrainSpec.model_validate(tiny_spec(
+        tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out", family="dspark", draft_vocab_size=256,
+        distill_weight=0.5, steps=4, eval_prompts=2, eval_max_new_tokens=8, hidden_states="cache",
+        hidden_state_cache=f"file://{tmp_path}/cache"))
+    result = run_local(spec, TrainerSettings(device="cpu", work_dir=str(tmp_path / "work")), resume=False)
+    assert result.completed and all(r["loss"] > 0 for r in result.history)
+    report = json.loads(open_store(f"file://{tmp_path}/out").get("report.json"))
+    assert report["target_layer_ids"] == [4]  # the drafter's layers: the teacher is the run's, not the drafter's
+    assert report["evaluation"]["tau_trained"] >= 1.0 and "heldout_trained" in report["evaluation"]
+    config = json.loads((tmp_path / "out" / "drafter" / "config.json").read_text())
+    assert config["dflash_config"]["target_layer_ids"] == [4]  # served as any drafter

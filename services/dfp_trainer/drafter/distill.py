@@ -89,18 +89,22 @@ def drafter_logits(model, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch
 
 
 def _chunk_kl(hidden: torch.Tensor, teacher: torch.Tensor, prev_ids: torch.Tensor, model) -> torch.Tensor:
-    """Per-row ``m * KL(p_T|D || q)`` (rows,) of drafter states and teacher states, both (rows, H)."""
+    """Per-row ``m * KL(p_T|D || q)`` (rows,) of drafter states and teacher states, both (rows, H).
+
+    Written as ``sum_D p log p_T|D - sum_D p log q`` with ``p = m * p_T|D``: the first term is a constant
+    (no graph)."""
     with torch.no_grad():
-        t_logp = F.log_softmax(teacher_logits(model.target_lm_head, teacher), dim=-1)  # (rows, V)
+        logits = teacher_logits(model.target_lm_head, teacher)  # (rows, V)
+        t_logp = torch._log_softmax(logits, -1, False, out=logits)  # in place: log p_T
         if model.config.pruned:
             t_logp = t_logp[:, target_ids_of(model.d2t)]  # (rows, V_d): log p_T on the draft vocabulary
-            log_mass = torch.logsumexp(t_logp, dim=-1, keepdim=True)  # log m
-        else:
-            log_mass = t_logp.new_zeros(())
         p = t_logp.exp()  # m * p_T|D
-        t_logp = t_logp - log_mass  # log p_T|D
+        if model.config.pruned:
+            t_logp.sub_(torch.logsumexp(t_logp, dim=-1, keepdim=True))  # log p_T|D = log p_T - log m
+        constant = (p * t_logp).sum(-1)  # (rows,)
+        del logits, t_logp
     q_logp = F.log_softmax(drafter_logits(model, hidden, prev_ids), dim=-1)
-    return (p * (t_logp - q_logp)).sum(-1)
+    return constant - (p * q_logp).sum(-1)
 
 
 def distill_rows(model, hidden: torch.Tensor, teacher: torch.Tensor, prev_ids: torch.Tensor,

@@ -58,7 +58,7 @@ def fill_cache(spec: CacheSpec, settings: TrainerSettings, *, counters: Callable
     num_layers, hidden = int(config.num_hidden_layers), int(config.hidden_size)
     try:
         layer_ids = list(spec.target_layer_ids or default_target_layer_ids(num_layers, spec.num_draft_layers))
-        layer_ids += teacher_layer_ids(num_layers, spec.distill)
+        layer_ids += teacher_layer_ids(num_layers, spec.distill, layer_ids)
     except ValueError as exc:
         raise CacheJobError(f"target {spec.target}: {exc}") from None
     bad = [i for i in layer_ids if not 0 <= i < num_layers]

@@ -37,9 +37,16 @@ UNSUPPORTED_TARGET_FIELDS = ("final_logit_softcapping", "logit_scale", "logits_s
 """Target config fields that change the logits after the LM head: a target with one set cannot be distilled."""
 
 
-def teacher_layer_ids(num_layers: int, distill: bool) -> list[int]:
-    """The layers a run asks the source for besides the drafter's: the target's last one when it distils."""
-    return [num_layers - 1] if distill else []
+def teacher_layer_ids(num_layers: int, distill: bool, layer_ids: list[int]) -> list[int]:
+    """The layers a run asks the source for besides the drafter's ``layer_ids``: the target's last one when it
+    distils (ValueError when the drafter reads that layer itself: a source serves each layer once a request)."""
+    if not distill:
+        return []
+    if num_layers - 1 in layer_ids:
+        raise ValueError(f"distill_weight: the drafter reads the target's last layer ({num_layers - 1}) among its "
+                         f"target_layer_ids {list(layer_ids)}, the layer the teacher's logits come from; choose "
+                         "earlier layers")
+    return [num_layers - 1]
 
 
 def check_teacher_target(config: dict) -> None:

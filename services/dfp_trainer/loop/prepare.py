@@ -88,11 +88,6 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
     except (FileNotFoundError, ValueError) as exc:
         raise TrainError(f"target: {exc}") from None
     target_config, embed, lm_head, num_layers = parts.config, parts.embed_tokens, parts.lm_head, parts.num_layers
-    try:
-        if spec.distill_weight > 0:
-            check_teacher_target(target_config)
-    except ValueError as exc:
-        raise TrainError(f"target {spec.target}: {exc}") from None
     if spec.target_layer_ids is not None:
         bad = [i for i in spec.target_layer_ids if not 0 <= i < num_layers]
         if bad:
@@ -104,6 +99,7 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
         raise TrainError(f"target {spec.target}: {exc}") from None
     if mask_id >= embed.weight.shape[0]:
         raise TrainError(f"mask token id {mask_id} is outside the target's embedding ({embed.weight.shape[0]} rows)")
+    teacher = distill_layers(spec, target_config, num_layers, list(drafter_config.target_layer_ids))
     eligible = trainable_samples(dataset)
     pool = torch.nonzero(eligible).flatten()
     n_eval = min(spec.eval_prompts, pool.numel() // 4) if config.evaluate else 0
@@ -123,7 +119,6 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
     elif source is None:
         source = open_source(config.target_address, model_dir, info)
     layer_ids = list(drafter_config.target_layer_ids)
-    teacher = teacher_layer_ids(num_layers, spec.distill_weight > 0)
     max_tokens = None
     if source is not None:
         check_source(source, spec, model_dir, num_layers, drafter_config.hidden_size, layer_ids + teacher)
@@ -139,6 +134,17 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
             raise TrainError(str(exc)) from None
     return Setup(config, model_dir, tokenizer, dataset, drafter, initial, source, layer_ids, eval_index, train_pool,
                  max_tokens, draft_vocab, teacher)
+
+
+def distill_layers(spec: TrainSpec, target_config: dict, num_layers: int, layer_ids: list[int]) -> list[int]:
+    """The teacher's layers the run reads after the drafter's (:mod:`..drafter.distill`); :class:`TrainError` when
+    the target cannot be distilled so."""
+    try:
+        if spec.distill_weight > 0:
+            check_teacher_target(target_config)
+        return teacher_layer_ids(num_layers, spec.distill_weight > 0, layer_ids)
+    except ValueError as exc:
+        raise TrainError(f"target {spec.target}: {exc}") from None
 
 
 def choose_vocab(spec: TrainSpec, tokenizer, dataset, train_pool: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, dict]:

@@ -10,7 +10,7 @@ import torch
 from dfp_shared.hidden_states import InProcessTarget
 from dfp_shared.specs.train import TrainSpec
 from dfp_trainer.drafter.batch import Batch
-from dfp_trainer.drafter.distill import check_teacher_target, teacher_logits
+from dfp_trainer.drafter.distill import check_teacher_target, teacher_layer_ids, teacher_logits
 from dfp_trainer.drafter.objective import block_targets, dflash_loss, sample_anchors
 from dfp_trainer.drafter.target_parts import load_target_parts
 
@@ -149,6 +149,22 @@ def test_the_spec_bounds_the_weight_and_refuses_what_cannot_be_distilled():
     check_teacher_target({"final_logit_softcapping": None})
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         check_teacher_target({"final_logit_softcapping": 30.0})
+    assert teacher_layer_ids(8, True, [1, 4]) == [7] and teacher_layer_ids(8, False, [1, 7]) == []
+    with pytest.raises(ValueError, match=r"reads the target's last layer \(7\)"):
+        teacher_layer_ids(8, True, [1, 7])  # a source serves each layer once a request
+
+
+def test_a_distilling_run_whose_drafter_reads_the_last_layer_is_refused_before_training(tmp_path, tiny_qwen3_dir,
+                                                                                      tiny_dataset):
+    from dfp_trainer.loop.distributed import DistInfo
+    from dfp_trainer.loop.prepare import TrainError
+    from dfp_trainer.run import train
+
+    from tests.trainer.train_support import run_config, tiny_spec
+
+    spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out", distill_weight=0.5, target_layer_ids=[7])
+    with pytest.raises(TrainError, match="reads the target's last layer"):
+        train(run_config(spec), DistInfo())
 
 
 def test_a_distilling_run_from_the_cache_trains_evaluates_and_exports(tmp_path, tiny_qwen3_dir, tiny_dataset):

@@ -129,14 +129,17 @@ def distill_rows(model, hidden: torch.Tensor, teacher: torch.Tensor, prev_ids: t
     return torch.cat(parts)
 
 
-def mix_distill(ce_loss: torch.Tensor, model, hidden: torch.Tensor, rows: torch.Tensor, teacher: torch.Tensor,
+def mix_distill(ce_loss: torch.Tensor, model, hidden: torch.Tensor, rows: torch.Tensor, teacher: torch.Tensor | None,
                 prev_pos: torch.Tensor, prev_ids: torch.Tensor, row_w: torch.Tensor, norm: torch.Tensor,
                 distill_weight: float, logits_chunk: int) -> tuple[torch.Tensor, dict]:
     """``(1 - w) * ce_loss + w * KL`` with the KL weighted and normalised as the cross-entropy, and
     ``{"distill_kl": KL}`` for the metrics.
 
     ``hidden`` (S*N*B, H) the drafter's states of every block row, ``rows`` the trained ones, ``prev_ids``
-    (S*N*B,) the true token before each, ``row_w`` (rows,) their weights, ``norm`` the weights' normaliser."""
+    (S*N*B,) the true token before each, ``row_w`` (rows,) their weights, ``norm`` the weights' normaliser.
+    At weight 0 (or without a teacher) ``ce_loss`` and no metrics, nothing computed."""
+    if not distill_weight or teacher is None:
+        return ce_loss, {}
     kl = distill_rows(model, hidden[rows], teacher_rows(teacher, prev_pos, rows), prev_ids[rows], logits_chunk)
     kl_loss = (kl * row_w).sum() / norm
     return (1 - distill_weight) * ce_loss + distill_weight * kl_loss, {"distill_kl": float(kl_loss.detach())}

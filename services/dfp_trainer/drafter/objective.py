@@ -183,10 +183,8 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     else:
         row_w, norm = flat_w[rows], flat_w.sum()
     value = (ce_rows * row_w).sum() / norm
-    distilled = {}  # the KL's share of the metrics when the run distils
-    if distill_weight > 0:
-        value, distilled = mix_distill(value, model, hidden, rows, teacher, prev_pos, flat_prev, row_w, norm,
-                                       distill_weight, logits_chunk)
+    value, distilled = mix_distill(value, model, hidden, rows, teacher, prev_pos, flat_prev, row_w, norm,
+                                   distill_weight, logits_chunk)  # the cross-entropy alone at weight 0
     confidence_bce = extra / rows.numel()
     if confidence_weight:
         value = value + confidence_weight * confidence_bce

@@ -13,8 +13,9 @@ Project: τ of the trained drafter (tokens per verify step). Baseline: τ of n-g
 Limit: the block size (every draft accepted). Also printed: the untrained drafter's τ, the
 acceptance of each draft position, and the wall time of each stage. ``--levers`` trains and
 evaluates one drafter per recipe lever (feature noise, loss decay γ, anchors, block size 16,
-D-PACE, draft layers started from the target's, the drafter families and draft vocabulary sizes) beside the
-base recipe and prints τ per lever, with the training's tokens/s and the draft vocabulary's coverage of the trained tokens.
+D-PACE, draft layers started from the target's, distillation from the target's distribution, the drafter
+families and draft vocabulary sizes) beside the base recipe and prints τ per lever, with the training's
+tokens/s and the draft vocabulary's coverage of the trained tokens.
 
 Stages are cached under ``--work`` by their inputs, so a second run (or another lever) redoes only
 what changed; a cached stage shows the time it took when it ran.
@@ -42,6 +43,8 @@ LEVERS = {
     "block_size=16": {"block_size": 16, "gamma": 7.0},
     "loss=dpace": {"loss": "dpace"},
     "init=target_layers": {"init": "target_layers"},  # the draft layers start as the target's last two
+    "distill=1.0": {"distill_weight": 1.0},  # forward KL from the target's distribution only
+    "distill=0.5": {"distill_weight": 0.5},  # half KL, half cross-entropy
 }
 # the drafter families and draft vocabularies (shared with the real-target benchmark): each beside the base
 # recipe's DFlash drafter over the target's full vocabulary

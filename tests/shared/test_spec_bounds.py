@@ -53,6 +53,8 @@ def _errors(model: type[BaseModel], **fields) -> dict[tuple, str]:
     (TrainSpec, "dpace_alpha", 0.0),
     (TrainSpec, "dpace_alpha", 2.0),
     (TrainSpec, "loss", "focal"),
+    (TrainSpec, "distill_weight", 1.5),
+    (TrainSpec, "distill_weight", -0.5),
     (TrainSpec, "noise_std", 1e308),
     (TrainSpec, "checkpoint_every", 10 ** 12),
     (TrainSpec, "keep_checkpoints", 10 ** 9),

@@ -49,3 +49,17 @@ def small_drafter(seed: int = 0, draft_ids: torch.Tensor | None = None, **overri
 def chat_prompts(start: int, count: int) -> list[list[dict]]:
     return [[{"role": "user", "content": f"Tell me fact {i} about {TOPICS[i % len(TOPICS)]}."}]
             for i in range(start, start + count)]
+
+
+def block_hidden(drafter, ids: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """The drafter's states (S, N, B, H) of the blocks at ``anchors`` (S, N), each seeing the context before it."""
+    from dfp_trainer.drafter.attention import training_masks
+
+    cfg = drafter.config
+    b, t = cfg.block_size, ids.shape[1]
+    s, n = anchors.shape
+    block = torch.full((s, n, b), cfg.mask_token_id)
+    block[:, :, 0] = torch.gather(ids, 1, anchors)
+    pos = anchors[:, :, None] + torch.arange(b)
+    masks = training_masks(anchors, b, t, cfg.layer_types, cfg.sliding_window, "sdpa")
+    return drafter(block.view(s, -1), pos.view(s, -1), feats, torch.arange(t), masks).view(s, n, b, -1)

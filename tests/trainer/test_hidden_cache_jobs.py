@@ -63,6 +63,26 @@ def test_an_offline_cache_job_lets_training_run_without_a_target(redis_server, r
     assert rec.state == JobState.failed and "layer ids: the cache has [4], this run needs [2]" in rec.error
 
 
+def test_a_cache_job_for_distillation_keeps_the_targets_last_layer(redis_server, redis_client, tmp_path,
+                                                                    tiny_qwen3_dir, tiny_dataset, target_server):
+    cache = f"file://{tmp_path}/cache"
+    filler = TrainerSettings(redis_url=redis_server.url, device="cpu", target_url=f"127.0.0.1:{target_server.port}")
+    rec = run_one(redis_client, filler, "cache", {"dataset": tiny_dataset, "target": str(tiny_qwen3_dir),
+                                                  "output": cache, "num_draft_layers": 1, "distill": True})
+    assert rec.state == JobState.succeeded, rec.error
+    assert json.loads(open_store(cache).get("cache.json"))["key"]["layer_ids"] == [4, 7]
+    tokens = int(load_dataset(tiny_dataset).lengths.sum())
+    assert rec.counters["cache_bytes"] == tokens * 2 * 64 * 4  # the drafter's layer and the teacher's
+
+    trainer = TrainerSettings(redis_url=redis_server.url, device="cpu", target_url=UNREACHABLE)
+    spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/run", hidden_states="offline",
+                     hidden_state_cache=cache, distill_weight=0.5, steps=2)
+    rec = run_one(redis_client, trainer, "train", spec)
+    assert rec.state == JobState.succeeded, rec.error
+    rec = run_one(redis_client, trainer, "train", {**spec, "output": f"file://{tmp_path}/run2", "distill_weight": 0.0})
+    assert rec.state == JobState.failed and "layer ids: the cache has [4, 7], this run needs [4]" in rec.error
+
+
 def test_a_cache_outside_the_roots_or_of_another_principal_is_refused(redis_server, redis_client, tmp_path,
                                                                       tiny_qwen3_dir, tiny_dataset):
     settings = TrainerSettings(redis_url=redis_server.url, device="cpu", progress_every_s=0.01)

@@ -138,6 +138,11 @@ class TrainSpec(BaseModel):
                                                          "(the `decay` loss, and the held-out loss of every run).")
     dpace_alpha: float = Field(0.5, gt=0, le=1, description="Smoothing of the `dpace` loss's confidences, "
                                                             "(1-alpha) q + alpha, in (0, 1].")
+    distill_weight: float = _within(0.0, 0, 1, "Share of the loss that is distillation from the target's own "
+                                    "distribution ({}): each block position's forward KL(p_T || q) at temperature 1 "
+                                    "against the target's next-token distribution there (its LM head on its last "
+                                    "layer, which the run then also reads from the target or the cache), weighted "
+                                    "as the cross-entropy; (1 - w) CE + w KL; 0: cross-entropy only.")
     noise_std: float = _within(0.0, 0, 100, "Std of Gaussian noise added to target features in training ({}).")
     checkpoint_every: int = Field(500, ge=1, le=MAX_STEPS, description="Steps between checkpoints (one is also written at SIGTERM).")
     keep_checkpoints: int = _within(3, 1, 1000, "Most recent checkpoints kept ({}).")
@@ -203,6 +208,13 @@ class TrainSpec(BaseModel):
             own.check(self)
         if self.exports and set(self.exports) - set(own.layouts):
             raise ValueError(f"exports: vLLM reads {self.family} drafters from the zlab layout only; export only zlab")
+        return self
+
+    @model_validator(mode="after")
+    def _distill_keeps_the_selector(self) -> TrainSpec:
+        if self.family == "dflash2" and self.distill_weight == 1:
+            raise ValueError("distill_weight 1 with family 'dflash2': its candidate selector learns from the "
+                             "cross-entropy only; keep a share of it (distill_weight below 1)")
         return self
 
     @model_validator(mode="after")

@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import training_masks
 from .batch import Batch
+from .distill import mix_distill, split_teacher
 from .wrappers import unwrap
 
 
@@ -106,12 +107,14 @@ class LossRecipe:
     loss: str = "decay"  # one of LOSSES
     dpace_alpha: float = 0.5  # smoothing of the D-PACE confidences
     confidence_weight: float = 0.0  # weight of a DSpark drafter's confidence-head BCE
+    distill_weight: float = 0.0  # share of the forward KL from the target's distribution (:mod:`.distill`)
 
     @classmethod
     def from_spec(cls, spec: Any) -> LossRecipe:
         """The recipe a train spec asks for."""
         return cls(max_anchors=spec.max_anchors, gamma=spec.gamma, noise_std=spec.noise_std, loss=spec.loss,
-                   dpace_alpha=spec.dpace_alpha, confidence_weight=spec.confidence_loss_weight)
+                   dpace_alpha=spec.dpace_alpha, confidence_weight=spec.confidence_loss_weight,
+                   distill_weight=spec.distill_weight)
 
     def kwargs(self) -> dict[str, Any]:
         """The recipe as :func:`dflash_loss`'s keyword arguments."""
@@ -121,7 +124,8 @@ class LossRecipe:
 def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float = 7.0, noise_std: float = 0.0,
                 generator: torch.Generator | None = None, logits_chunk: int = 4096,
                 attention_backend: str = "auto", loss: str = "decay",
-                dpace_alpha: float = 0.5, confidence_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+                dpace_alpha: float = 0.5, confidence_weight: float = 0.0,
+                distill_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Weighted block cross-entropy of a batch and its metrics (``loss``: one of :data:`LOSSES`).
 
     The batch's input_ids (S, T) integer, loss_mask (S, T) 0/1, target_hidden (S, T, K*H) = target
@@ -132,11 +136,13 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     The rows go through the drafter's ``head_loss``: a DSpark drafter's (:mod:`.families.dspark`) biases each row's
     logits by its Markov head of the previous true token (teacher forcing) and adds its confidence head's
     binary cross-entropy, averaged over the trained rows and weighted ``confidence_weight``, to the loss.
+    ``distill_weight`` w > 0: ``(1 - w) * CE + w * KL`` from the target's distribution (:mod:`.distill`).
     """
     model = unwrap(drafter)
     cfg = model.config
     b = cfg.block_size
     input_ids, loss_mask, target_hidden, lengths = batch.input_ids, batch.loss_mask, batch.target_hidden, batch.lengths
+    target_hidden, teacher = split_teacher(target_hidden, model.fc.in_features, cfg.hidden_size, distill_weight)
     _check_inputs(input_ids, loss_mask, target_hidden, lengths, model.fc.in_features)
     if gamma <= 0 or logits_chunk < 1 or max_anchors < 1:
         raise ValueError(f"gamma ({gamma}), logits_chunk ({logits_chunk}) and max_anchors ({max_anchors}) "
@@ -186,12 +192,14 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     else:
         row_w, norm = flat_w[rows], flat_w.sum()
     value = (ce_rows * row_w).sum() / norm
+    value, distilled = mix_distill(value, model, hidden, rows, teacher, prev_pos, flat_prev, row_w, norm,
+                                   distill_weight, logits_chunk)  # the cross-entropy alone at weight 0
     confidence_bce = extra / rows.numel()
     if confidence_weight:
         value = value + confidence_weight * confidence_bce
     metrics = _metrics(float(value.detach()), float(norm), correct.view(s * n, b), scored.view(s * n, b).float(),
                        int(valid.sum()), b, out_of_vocab)
-    return value, {**metrics, "confidence_bce": float(confidence_bce.detach())}
+    return value, {**metrics, "confidence_bce": float(confidence_bce.detach()), **distilled}
 
 
 def _blocks(input_ids: torch.Tensor, anchors: torch.Tensor, mask_token_id: int, b: int, target_hidden: torch.Tensor,

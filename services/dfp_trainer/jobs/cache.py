@@ -30,6 +30,7 @@ from dfp_shared.specs.cache import CacheSpec
 from dfp_shared.token_shards import DatasetError, load_dataset
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
+from ..drafter.distill import teacher_layer_ids
 from ..loop.distributed import DistInfo
 from ..loop.hidden_cache import complete, open_cache, run_key
 from ..loop.prepare import TrainError, check_source, open_source
@@ -58,6 +59,7 @@ def fill_cache(spec: CacheSpec, settings: TrainerSettings, *, counters: Callable
     num_layers, hidden = int(config.num_hidden_layers), int(config.hidden_size)
     try:
         layer_ids = list(spec.target_layer_ids or default_target_layer_ids(num_layers, spec.num_draft_layers))
+        layer_ids += teacher_layer_ids(num_layers, spec.distill, layer_ids)
     except ValueError as exc:
         raise CacheJobError(f"target {spec.target}: {exc}") from None
     bad = [i for i in layer_ids if not 0 <= i < num_layers]

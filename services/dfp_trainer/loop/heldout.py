@@ -35,7 +35,7 @@ def heldout_batches(setup, device: torch.device, batch_size: int = 4, limit: int
     index = setup.eval_index[:limit]
     for start in range(0, index.numel(), batch_size):
         batch = collate(setup.dataset, index[start:start + batch_size], setup.spec.max_length)
-        batch.target_hidden = asyncio.run(fetch_hidden(setup.source, batch.sequences(), setup.layer_ids,
+        batch.target_hidden = asyncio.run(fetch_hidden(setup.source, batch.sequences(), setup.fetched_layer_ids,
                                                        setup.max_tokens_per_request, index=batch.index))
         yield batch.to(device)
 

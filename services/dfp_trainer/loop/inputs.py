@@ -48,7 +48,7 @@ def input_pipeline(config: RunConfig, state: TrainState, s: Setup, info: DistInf
     pin = info.device.type == "cuda"
 
     async def fetch(item: Item) -> Item:
-        item.batch.target_hidden = await fetch_hidden(s.source, item.batch.sequences(), s.layer_ids,
+        item.batch.target_hidden = await fetch_hidden(s.source, item.batch.sequences(), s.fetched_layer_ids,
                                                       s.max_tokens_per_request, pin=pin, index=item.batch.index)
         return item
 

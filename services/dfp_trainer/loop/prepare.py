@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from dfp_shared.tokenizer_assets import (
     tokenizer_fingerprint,
 )
 
+from ..drafter.distill import check_teacher_target, teacher_layer_ids
 from ..drafter.families import build_drafter
 from ..drafter.init_from_target import init_from_target_layers
 from ..drafter.target_parts import load_target_parts
@@ -49,6 +50,12 @@ class Setup:
     train_pool: torch.Tensor
     max_tokens_per_request: int | None
     draft_vocab: dict | None = None  # a pruned vocabulary's coverage of the trained tokens (:func:`~..drafter.vocab.coverage`)
+    teacher_layer_ids: list[int] = field(default_factory=list)  # the target's last layer when the run distils
+
+    @property
+    def fetched_layer_ids(self) -> list[int]:
+        """The layers read from the hidden-state source: the drafter's, then the teacher's (:mod:`..drafter.distill`)."""
+        return self.layer_ids + self.teacher_layer_ids
 
     @property
     def spec(self) -> TrainSpec:
@@ -93,6 +100,7 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
         raise TrainError(f"target {spec.target}: {exc}") from None
     if mask_id >= embed.weight.shape[0]:
         raise TrainError(f"mask token id {mask_id} is outside the target's embedding ({embed.weight.shape[0]} rows)")
+    teacher = distill_layers(spec, target_config, num_layers, list(drafter_config.target_layer_ids))
     eligible = trainable_samples(dataset)
     pool = torch.nonzero(eligible).flatten()
     n_eval = min(spec.eval_prompts, pool.numel() // 4) if config.evaluate else 0
@@ -116,19 +124,30 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
     layer_ids = list(drafter_config.target_layer_ids)
     max_tokens = None
     if source is not None:
-        check_source(source, spec, model_dir, num_layers, drafter_config.hidden_size, layer_ids)
+        check_source(source, spec, model_dir, num_layers, drafter_config.hidden_size, layer_ids + teacher)
         max_tokens = int(getattr(source.model_info(), "max_tokens_per_request", 0) or 0) or None
     if spec.hidden_states != "online":
         try:
             source = cached_source(config, info, dataset, online=source, target_fingerprint=model_fingerprint(model_dir),
-                                   layer_ids=layer_ids, hidden_size=drafter_config.hidden_size, num_layers=num_layers,
+                                   layer_ids=layer_ids + teacher, hidden_size=drafter_config.hidden_size, num_layers=num_layers,
                                    max_tokens_per_request=max_tokens, counters=counters, should_stop=should_stop)
         except CacheError as exc:
             if opened:
                 _close(source)
             raise TrainError(str(exc)) from None
     return Setup(config, model_dir, tokenizer, dataset, drafter, initial, source, layer_ids, eval_index, train_pool,
-                 max_tokens, draft_vocab)
+                 max_tokens, draft_vocab, teacher)
+
+
+def distill_layers(spec: TrainSpec, target_config: dict, num_layers: int, layer_ids: list[int]) -> list[int]:
+    """The teacher's layers the run reads after the drafter's (:mod:`..drafter.distill`); :class:`TrainError` when
+    the target cannot be distilled so."""
+    try:
+        if spec.distill_weight > 0:
+            check_teacher_target(target_config)
+        return teacher_layer_ids(num_layers, spec.distill_weight > 0, layer_ids)
+    except ValueError as exc:
+        raise TrainError(f"target {spec.target}: {exc}") from None
 
 
 def init_from_target(drafter: torch.nn.Module, model_dir) -> None:

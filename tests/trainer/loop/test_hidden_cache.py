@@ -57,7 +57,7 @@ class NoTarget:
 
 def spec_for(dataset, target, out, **over):
     # max_length above every sample: the cache holds whole samples, the online reference forwards whole samples
-    return tiny_spec(dataset, target, out, steps=STEPS, max_length=256, **over)
+    return tiny_spec(dataset, target, out, **{"steps": STEPS, "max_length": 256, **over})
 
 
 def history(result) -> list[tuple]:
@@ -207,3 +207,37 @@ def test_a_cache_on_s3_works_like_one_on_disk(tmp_path, s3_server, s3_bucket, ti
     again = train(run_config({**ons3, "output": f"{s3_bucket}/run2"}, s3_endpoint_url=s3_server.endpoint_url),
                   DistInfo(), source=NoTarget(InProcessTarget(tiny_qwen3_dir, device="cpu")))
     assert history(again) == history(disk)
+
+
+def test_distilling_from_the_cache_equals_distilling_online_bit_for_bit(tmp_path, tiny_qwen3_dir, tiny_dataset,
+                                                                       built_cache):
+    distill = dict(distill_weight=0.5, steps=6)  # the cache is complete before the first step: every step reads it
+    solo = InProcessTarget(tiny_qwen3_dir, device="cpu", token_budget=1)
+    ref = spec_for(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/online", **distill)
+    online = train(run_config(ref), DistInfo(), source=solo)
+    assert online.completed
+
+    # the cache keeps the target's last layer (the teacher) after the drafter's, and says so in its key
+    cache = f"file://{tmp_path}/cache"
+    first = train(run_config(spec_for(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/c1", hidden_states="cache",
+                                      hidden_state_cache=cache, **distill)), DistInfo())
+    assert json.loads(open_store(cache).get("cache.json"))["key"]["layer_ids"] == LAYER + [7]
+    assert history(first) == history(online)
+    assert_same_weights(ref["output"], f"file://{tmp_path}/c1")
+
+    # read back with no target at all: the teacher's logits come from the cache alone
+    no_target = NoTarget(solo)
+    second = train(run_config(spec_for(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/c2", hidden_states="cache",
+                                       hidden_state_cache=cache, **distill)), DistInfo(), source=no_target)
+    assert no_target.calls == 0
+    assert history(second) == history(online)
+    assert_same_weights(ref["output"], f"file://{tmp_path}/c2")
+    asyncio.run(solo.close())
+
+    # a cache of the drafter's layer alone is refused, not read without its teacher
+    before = sorted(open_store(built_cache).list(""))
+    old = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/old", hidden_states="cache",
+                    hidden_state_cache=built_cache, **distill)
+    with pytest.raises(TrainError, match=r"layer ids: the cache has \[4\], this run needs \[4, 7\]"):
+        train(run_config(old), DistInfo())
+    assert sorted(open_store(built_cache).list("")) == before

@@ -181,8 +181,8 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
         blocks = scored.view(s * n, b).float() if out_of_vocab else torch.zeros(0, b, device=dev)
         zero = sum((p.sum() for p in model.trainable_parameters()), hidden.sum()) * 0.0  # a family's heads too
         return zero, {**_metrics(0.0, 0.0, torch.zeros_like(blocks), blocks, 0, b, out_of_vocab), "confidence_bce": 0.0}
-    ce_rows, extra, correct = _row_losses(model, hidden.reshape(s * n * b, -1), rows, flat_labels, flat_prev,
-                                          flat_w, logits_chunk)
+    hidden = hidden.reshape(s * n * b, -1)
+    ce_rows, extra, correct = _row_losses(model, hidden, rows, flat_labels, flat_prev, flat_w, logits_chunk)
     trained = (weights > 0).view(s * n, b)
     if loss == "dpace":
         full_ce = torch.zeros_like(flat_w)

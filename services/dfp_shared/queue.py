@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import redis
 from redis.exceptions import ResponseError
 
+from .printable import printable
+
 log = logging.getLogger(__name__)
 
 GROUP = "workers"
@@ -197,13 +199,13 @@ class TaskQueue:
         if task.deliveries >= self.max_deliveries:
             self.dead_letter(task, error)
             return True
-        self.r.hset(self.errors_key, task.id, error[:4000])
+        self.r.hset(self.errors_key, task.id, printable(error[:4000]))
         self.release(task)
         return False
 
     def dead_letter(self, task: Task, error: str) -> None:
         pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.dead_stream, {**task.fields, "error": error[:4000], "deliveries": task.deliveries,
+        pipe.xadd(self.dead_stream, {**task.fields, "error": printable(error[:4000]), "deliveries": task.deliveries,
                                      "original_id": task.id, "dead_at": f"{time.time():.3f}"})
         pipe.xack(self.stream, self.group, task.id)
         pipe.xdel(self.stream, task.id)

@@ -56,7 +56,7 @@ class ImportGGUFHandler:
         try:
             keys = import_claimed(spec.source, spec.output, self.roots, endpoint_url=self.settings.s3_endpoint_url,
                                   max_bytes=self.settings.gguf_max_bytes, work_dir=self.settings.work_dir or None,
-                                  progress=progress)
+                                  progress=progress, limits=self.settings.gguf_limits(), check=ctx.check)
         except GGUFError as exc:  # the file, not the moment: no retry can import it
             IMPORTS.labels("refused").inc()
             raise CannotSucceed(str(exc)) from None

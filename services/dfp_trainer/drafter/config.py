@@ -22,6 +22,7 @@ from dfp_shared.specs.train import (
 from transformers import Qwen3Config
 
 from .attention import FULL, SLIDING
+from .bounds import check_shape
 
 LAYER_TYPES = get_args(LayerType)
 ARCHITECTURE = "DFlashDraftModel"
@@ -81,6 +82,7 @@ class DrafterConfig:
 
     def validate(self) -> None:
         # a config read from storage asks for no more than a train spec could
+        check_shape(self)
         if not 1 <= self.num_hidden_layers <= MAX_LAYERS:
             raise ValueError(f"num_hidden_layers must be 1..{MAX_LAYERS}, got {self.num_hidden_layers}")
         if not 2 <= self.block_size <= MAX_BLOCK_SIZE:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import time
 
@@ -128,3 +129,24 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_sigterm_gives_an_import_back_mid_parse_within_the_grace_period(tmp_path, redis_server, redis_client):
+    (tmp_path / "ok").mkdir()
+    write_tiny_llama_gguf(tmp_path / "ok" / "tiny.gguf")
+    job_id = _import(redis_client, tmp_path, tmp_path / "ok" / "tiny.gguf")
+    proc = _start_worker(redis_server)
+    try:
+        child = _confined_child_of(proc.pid, timeout=120)
+        proc.send_signal(signal.SIGTERM)  # a rollout: the chart gives the pod its grace period
+        signalled = time.monotonic()
+        code, _ = _reap(proc, timeout=30)
+        exited_after = time.monotonic() - signalled
+    finally:
+        proc.kill()
+    assert code == 0 and exited_after < 10 and not _alive(child)
+    assert JobStore(redis_client).get(job_id).state == JobState.running  # not failed: another worker takes it
+    queue = TaskQueue(redis_client, "train")
+    assert queue.pending() == 1 and queue.dead_letters() == []
+    (entry_id,) = [e for e, _ in redis_client.xrange(queue.stream)]
+    assert redis_client.hget(queue.released_key, entry_id) == "1"  # given back, not a death

@@ -61,7 +61,7 @@ class LimitExceeded(ConfinedError):
 @dataclass(frozen=True)
 class Outcome:
     value: object
-    peak_rss_bytes: int  # the child's peak resident memory
+    peak_rss_bytes: int  # the child's peak resident memory (its own report; else an upper bound from the wait)
     seconds: float
 
 
@@ -138,8 +138,8 @@ def _answer(path: Path, status: int, peak: int, seconds: float, limits: Limits) 
     if reply is None:
         why = f"signal {-code}" if code < 0 else f"exit status {code}"
         raise LimitExceeded("died", f"the confined process ended with {why} and no answer (peak {peak >> 20} MiB)")
-    if "value" in reply:
-        return Outcome(reply["value"], peak, seconds)
+    if "value" in reply:  # its own peak (the wait's figure may include the parent's size when it forked)
+        return Outcome(reply["value"], int(reply.get("peak_rss") or peak), seconds)
     if reply["kind"] == "MemoryError" or reply.get("at_ceiling") or "allocate" in reply["message"]:
         raise LimitExceeded("memory", f"needed more than its memory limit of {limits.memory_bytes >> 20} MiB")
     raise ConfinedError(reply["kind"], reply["message"])
@@ -150,12 +150,16 @@ def _address_space() -> int:
         return int(fh.read().split()[0]) * resource.getpagesize()
 
 
-def _peak_address_space() -> int:
+def _status_bytes(field: str) -> int:
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmPeak:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) << 10
     return 0
+
+
+def _peak_address_space() -> int:
+    return _status_bytes("VmPeak")
 
 
 def _child() -> None:
@@ -170,6 +174,7 @@ def _child() -> None:
     failure, reserve = None, bytearray(RESERVE_BYTES)  # freed first on failure: room to answer in
     try:
         reply = {"value": fn(**request["kwargs"])}
+        reply["peak_rss"] = _status_bytes("VmHWM")
     except BaseException as exc:  # noqa: BLE001 - whatever the file provoked is the answer
         del reserve
         failure = (type(exc).__name__, _text(exc))

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from .auth import ANONYMOUS, UNLOADABLE, Principal, format_expiry
 from .errors import ApiError
 from .quotas import REFUSALS, StreamSlot
+from .ratelimit import RateLimiter
 from .settings import ApiSettings
 from .state import ApiState
 from .store import AsyncJobReader
@@ -83,35 +84,45 @@ def require(scope: str):
 
     async def caller(request: Request) -> Principal:
         state: ApiState = request.app.state.api
-        if state.keyring is None:
-            principal = ANONYMOUS
-        else:
-            token = _bearer_token(request)
-            if token is None:
-                raise ApiError(401, "unauthenticated", "missing API key (Authorization: Bearer <key>)",
-                               {"WWW-Authenticate": "Bearer"})
-            principal = state.keyring.authenticate(token)
-            if principal is None:
-                message = "invalid API key" if state.keyring.problem is None else UNLOADABLE
-                raise ApiError(401, "unauthenticated", message, {"WWW-Authenticate": "Bearer"})
-            if principal.expires_at is not None and principal.expired(time.time()):
-                raise ApiError(401, "unauthenticated", _expired(principal),
-                               {"WWW-Authenticate": 'Bearer error="invalid_token"'})
-        decision = await state.limiter.hit(principal.name)
-        if not decision.allowed:
-            REFUSALS.labels("rate_limited").inc()
-            raise ApiError(429, "rate_limited",
-                           f"rate limit of {state.settings.rate_limit_per_s:g} requests/s exceeded",
-                           {"Retry-After": str(decision.retry_after_s)},
-                           usage={"remaining": decision.remaining, "rate_limit_per_s": state.limiter.rate,
-                                  "burst": state.limiter.burst})
-        if not principal.allows(scope):
-            raise ApiError(403, "forbidden", f"this API key lacks the {scope!r} scope")
-        _reject_unknown_query(request)
+        principal = _authenticate(request, state)
+        await _charge(request, state.limiter, principal, scope)
         return principal
 
     caller.__name__ = f"require_{scope}"
     return caller
+
+
+def _authenticate(request: Request, state: ApiState) -> Principal:
+    """The caller named by the bearer key (401 if missing, unknown or expired); in process, no Redis."""
+    if state.keyring is None:
+        return ANONYMOUS
+    token = _bearer_token(request)
+    if token is None:
+        raise ApiError(401, "unauthenticated", "missing API key (Authorization: Bearer <key>)",
+                       {"WWW-Authenticate": "Bearer"})
+    principal = state.keyring.authenticate(token)
+    if principal is None:
+        message = "invalid API key" if state.keyring.problem is None else UNLOADABLE
+        raise ApiError(401, "unauthenticated", message, {"WWW-Authenticate": "Bearer"})
+    if principal.expires_at is not None and principal.expired(time.time()):
+        raise ApiError(401, "unauthenticated", _expired(principal),
+                       {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+    return principal
+
+
+async def _charge(request: Request, limiter: RateLimiter, principal: Principal, scope: str) -> None:
+    """One request on ``principal``'s rate (429 over it), then its scope (403) and the query (422)."""
+    decision = await limiter.hit(principal.name)
+    if not decision.allowed:
+        REFUSALS.labels("rate_limited").inc()
+        raise ApiError(429, "rate_limited",
+                       f"rate limit of {request.app.state.api.settings.rate_limit_per_s:g} requests/s exceeded",
+                       {"Retry-After": str(decision.retry_after_s)},
+                       usage={"remaining": decision.remaining, "rate_limit_per_s": limiter.rate,
+                              "burst": limiter.burst})
+    if not principal.allows(scope):
+        raise ApiError(403, "forbidden", f"this API key lacks the {scope!r} scope")
+    _reject_unknown_query(request)
 
 
 def key_recheck(request: Request, scope: str = "read") -> Callable[[JobRecord], str | None] | None:
@@ -165,10 +176,22 @@ async def existing_job(job_id: JobId, request: Request, caller: Reading) -> JobR
 ExistingJob = Annotated[JobRecord, Depends(existing_job)]
 
 
-async def stream_slot(job: ExistingJob, caller: Reading, request: Request) -> StreamSlot:
-    """A place for one more event stream of the caller's key (429 when it holds its limit); the
-    stream releases it when it ends."""
-    return await request.app.state.api.streams.acquire(caller.name)
+async def open_stream(job_id: JobId, request: Request) -> tuple[JobRecord, StreamSlot]:
+    """The job named in the path and a place for one more event stream of the caller's key, which the stream
+    releases when it ends. Admitted on the streams' own Redis pool only, after a place in this process was
+    found (429 at the key's limit before any pool is asked), so a burst of streams never waits on, nor
+    exhausts, the pool of every other request."""
+    state: ApiState = request.app.state.api
+    principal = _authenticate(request, state)
+    slot = state.streams.enter(principal.name)
+    try:
+        await _charge(request, state.stream_limiter, principal, "read")
+        job = visible(principal, await state.stream_reader.get(job_id))
+        await state.streams.take(slot)
+    except BaseException:
+        await slot.release()
+        raise
+    return job, slot
 
 
-EventStreamSlot = Annotated[StreamSlot, Depends(stream_slot)]
+OpenStream = Annotated[tuple[JobRecord, StreamSlot], Depends(open_stream)]

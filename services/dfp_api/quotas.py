@@ -6,7 +6,9 @@ Both are counted in Redis, so every API replica shares them.
   stream scored by when it lapses; a stream renews its member at every poll and removes it when it
   ends, and a member whose stream died without saying so lapses after :data:`STREAM_LEASE_S`. One
   Lua script drops lapsed members, counts and adds, atomically. Beside that, a process holds at most
-  ``max_event_streams`` streams of all keys together (they have a Redis pool of that size of their own).
+  ``max_event_streams`` streams of all keys together (they have a Redis pool of that size of their own), and
+  counts each key's streams in the process too, so a burst past the key's limit is a 429 before it asks any
+  pool for a connection: a stream's whole admission (key, rate, job, slot) uses the streams' pool only.
 * **Active jobs**: the jobs a key submitted through the API are a set (``dfp:quota:jobs:<name>``);
   counting it drops the ones that ended. Counting and creating run under a per-key lock, so
   concurrent submits cannot pass the limit together.
@@ -65,28 +67,30 @@ class QuotaExceeded(Exception):
 
 @dataclass
 class StreamSlot:
-    """One open event stream's place in its key's count (and in the process's)."""
+    """One open event stream's place in its key's count (in this process, and in Redis once taken) and in
+    the process's."""
 
     owner: StreamSlots
     name: str
     member: str
+    taken: bool = field(default=False)
     released: bool = field(default=False)
 
     async def renew(self) -> None:
-        if self.owner.per_key:
+        if self.owner.per_key and self.taken:
             await self.owner._renew(keys=[STREAMS_PREFIX + self.name], args=[self.member, STREAM_LEASE_S])
 
     def __del__(self):  # a stream that never started (its client left first) gives its place back too
         if not self.released:
             self.released = True
-            self.owner.open -= 1
+            self.owner._leave(self.name)
 
     async def release(self) -> None:
         if self.released:
             return
         self.released = True
-        self.owner.open -= 1
-        if self.owner.per_key:
+        self.owner._leave(self.name)
+        if self.owner.per_key and self.taken:
             # a stream ends by cancellation when its client leaves: shielded, or the removal is cancelled too
             with anyio.CancelScope(shield=True), anyio.move_on_after(3):
                 try:
@@ -96,29 +100,63 @@ class StreamSlot:
 
 
 class StreamSlots:
+    """Event stream places: per process and per key in this process first (no Redis: a burst is refused
+    before it touches a connection pool), then per key across replicas in Redis (the streams' own pool)."""
+
     def __init__(self, client: aioredis.Redis, per_key: int, per_process: int):
         self.r = client
         self.per_key = per_key
         self.per_process = per_process
         self.open = 0
+        self.local: dict[str, int] = {}  # key name -> streams open or opening in this process
         self._take = client.register_script(_TAKE_SLOT)
         self._renew = client.register_script(_RENEW_SLOT)
 
-    async def acquire(self, name: str) -> StreamSlot:
+    def enter(self, name: str) -> StreamSlot:
+        """A place in this process (429 when the process or the key holds its limit here); the caller
+        then :meth:`take` s it in Redis, or releases it."""
         if self.open >= self.per_process:
             raise QuotaExceeded("server_event_streams", f"this server holds its limit of {self.per_process} event "
                                 "streams (DFLASH_MAX_EVENT_STREAMS); retry later", 5,
                                 {"server_event_streams": self.open, "limit": self.per_process})
-        member = uuid.uuid4().hex
-        if self.per_key:
-            taken, count = await self._take(keys=[STREAMS_PREFIX + name], args=[self.per_key, member, STREAM_LEASE_S])
-            if not int(taken):
-                raise QuotaExceeded(
-                    "event_streams", f"this API key holds its limit of {self.per_key} open event streams "
-                    "(DFLASH_MAX_STREAMS_PER_KEY); close one first", int(STREAM_LEASE_S),
-                    {"event_streams": int(count), "limit": self.per_key})
+        held = self.local.get(name, 0)
+        if self.per_key and held >= self.per_key:
+            raise self._key_full(held)
         self.open += 1
-        return StreamSlot(self, name, member)
+        self.local[name] = held + 1
+        return StreamSlot(self, name, uuid.uuid4().hex)
+
+    async def take(self, slot: StreamSlot) -> None:
+        """Count ``slot`` in its key's streams across replicas (429 when the key holds its limit)."""
+        if self.per_key:
+            taken, count = await self._take(keys=[STREAMS_PREFIX + slot.name],
+                                            args=[self.per_key, slot.member, STREAM_LEASE_S])
+            if not int(taken):
+                raise self._key_full(int(count))
+        slot.taken = True
+
+    async def acquire(self, name: str) -> StreamSlot:
+        """:meth:`enter` and :meth:`take` (the place is given back when taking it is refused)."""
+        slot = self.enter(name)
+        try:
+            await self.take(slot)
+        except BaseException:
+            await slot.release()
+            raise
+        return slot
+
+    def _key_full(self, count: int) -> QuotaExceeded:
+        return QuotaExceeded("event_streams", f"this API key holds its limit of {self.per_key} open event streams "
+                             "(DFLASH_MAX_STREAMS_PER_KEY); close one first", int(STREAM_LEASE_S),
+                             {"event_streams": count, "limit": self.per_key})
+
+    def _leave(self, name: str) -> None:
+        self.open -= 1
+        left = self.local.get(name, 1) - 1
+        if left > 0:
+            self.local[name] = left
+        else:
+            self.local.pop(name, None)
 
 
 ACTIVE = (JobState.queued.value, JobState.running.value)

@@ -18,9 +18,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from . import service
 from .deps import (
-    EventStreamSlot,
     ExistingJob,
     JobId,
+    OpenStream,
     Reader,
     Reading,
     Settings,
@@ -119,7 +119,7 @@ async def cancel_job(job_id: JobId, caller: Writing, r: SyncRedis) -> Job:
 @jobs.get("/{job_id}/events", response_class=EventSourceResponse,
           responses=error_responses(401, 403, 404, 422, 429, 503, explicit_json=True))
 async def job_event_stream(
-    job: ExistingJob, slot: EventStreamSlot, settings: Settings, state: State, request: Request,
+    opened: OpenStream, settings: Settings, state: State, request: Request,
     last_event_id: Annotated[str, Header(alias="Last-Event-ID", pattern=r"^\d+-\d+$",
                                          description="Resume after this event id.")] = None,
 ) -> AsyncIterable[ServerSentEvent]:
@@ -127,6 +127,7 @@ async def job_event_stream(
     final `end` when the job is finished. The key is checked again at every poll: once it is revoked,
     expired or may no longer see the job, the stream sends `unauthorized` and closes. A key may hold
     DFLASH_MAX_STREAMS_PER_KEY streams open at once (one more is a 429)."""
+    job, slot = opened
     try:
         async for event in job_events(job_id=job.id, reader=state.stream_reader, after=last_event_id or "0-0",
                                       poll_s=settings.sse_poll_s, max_s=settings.sse_max_s,

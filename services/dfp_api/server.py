@@ -17,6 +17,7 @@ def uvicorn_config(settings: ApiSettings, app="dfp_api.server:app_from_env", fac
         app=app, factory=factory, host=settings.host, port=settings.port, workers=settings.workers,
         loop="uvloop", http="dfp_api.headers:HeaderLimitedProtocol", lifespan="on", access_log=settings.access_log, log_config=None,
         proxy_headers=True, timeout_keep_alive=30, timeout_graceful_shutdown=10, server_header=False,
+        limit_concurrency=settings.max_connections,
     )
 
 

@@ -38,6 +38,12 @@ class ApiSettings(CommonSettings):
         64 * 1024, ge=1024, le=16 * 1024 * 1024,
         description="Largest request head (request line and headers) accepted, in bytes; a larger one is a 431.")
     max_headers: int = Field(100, ge=8, le=10_000, description="Most request headers accepted; more is a 431.")
+    head_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="Seconds a connection may take to send a complete request head; then 408 "
+        "and the connection is closed.")
+    max_connections: int = Field(
+        2048, ge=16, le=1_000_000, description="Open connections per server process; one more is closed as it opens "
+        "(and a request past it while tasks are busy is a 503).")
     api_docs: bool = Field(
         False, description="Serve /docs and /redoc (their pages load scripts from a CDN; /openapi.json is always "
         "served).")

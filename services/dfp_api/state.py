@@ -31,6 +31,8 @@ class ApiState:
     keyring: KeySet | None
     """None when authentication is disabled; reloads from its file when that changes."""
     limiter: RateLimiter
+    stream_limiter: RateLimiter
+    """The same buckets as ``limiter``, on the streams' pool: a stream is admitted without the request path's."""
     reader: AsyncJobReader
     stream_reader: AsyncJobReader
     streams: StreamSlots
@@ -59,6 +61,7 @@ class ApiState:
             probe_redis=probe,
             keyring=keyring,
             limiter=RateLimiter(aclient, settings.rate_limit_per_s, settings.rate_limit_burst),
+            stream_limiter=RateLimiter(sclient, settings.rate_limit_per_s, settings.rate_limit_burst),
             reader=AsyncJobReader(aclient),
             stream_reader=AsyncJobReader(sclient),
             streams=StreamSlots(sclient, settings.max_streams_per_key, settings.max_event_streams),

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import click
 import httpx
+from dfp_shared.printable import printable
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -30,6 +31,11 @@ class Api:
 
 
 def describe_error(resp: httpx.Response) -> str:
+    """The server's error as lines to print, without control characters (it may quote a user's text)."""
+    return printable(_error_lines(resp))
+
+
+def _error_lines(resp: httpx.Response) -> str:
     try:
         body = resp.json()
     except ValueError:

@@ -1,4 +1,8 @@
-"""Terminal views of jobs for the client: a table, one job's details, and live progress bars."""
+"""Terminal views of jobs for the client: a table, one job's details, and live progress bars.
+
+What the API answers may quote users' text (errors naming files, URIs): every view prints it without
+control characters (:func:`~dfp_shared.printable.printable_tree`) and as text, never as markup.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 import click
+from dfp_shared.printable import printable, printable_tree
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -32,8 +38,8 @@ def job_table(page: dict) -> None:
     for job in page["items"]:
         p = job["progress"]
         frac = "-" if p["fraction"] is None else f"{100 * p['fraction']:.0f}% {p['primary_unit']}"
-        table.add_row(job["id"], job["type"] + (f" ({job['stage']})" if job.get("stage") else ""), job["state"],
-                      frac, _when(job["created_at"]), (job.get("error") or "")[:60])
+        table.add_row(escape(job["id"]), job["type"] + (f" ({job['stage']})" if job.get("stage") else ""),
+                      job["state"], frac, _when(job["created_at"]), escape((job.get("error") or "")[:60]))
     console.print(table)
 
 
@@ -42,17 +48,17 @@ def show(data: dict, as_json: bool, view: Callable[[dict], None]) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        view(data)
+        view(printable_tree(data))
 
 
 def job_line(job: dict, note: str = "") -> None:
     """One line: id, type and state (and ``note``)."""
-    click.echo(f"{job['id']}  {job['type']}  {job['state']}{note}")
+    click.echo(printable(f"{job['id']}  {job['type']}  {job['state']}{note}"))
 
 
 def job_view(job: dict) -> None:
     p = job["progress"]
-    console.print(f"[bold]{job['id']}[/bold]  {job['type']}  [bold]{job['state']}[/bold]")
+    console.print(f"[bold]{escape(job['id'])}[/bold]  {job['type']}  [bold]{job['state']}[/bold]")
     console.print(f"  created {_when(job['created_at'])}  started {_when(job['started_at'])}  "
                   f"finished {_when(job['finished_at'])}")
     for unit, u in p["units"].items():
@@ -60,10 +66,10 @@ def job_view(job: dict) -> None:
     if p.get("eta_s") is not None:
         console.print(f"  ETA {p['eta_s']:.0f} s")
     if job.get("error"):
-        console.print(f"  [red]error:[/red] {job['error']}")
+        console.print(f"  [red]error:[/red] {escape(job['error'])}")
     for name, value in job.get("outputs", {}).items():
-        console.print(f"  output {name}: {value}")
-    console.print("  spec: " + json.dumps(job["spec"]))
+        console.print(f"  output {name}: {value}", markup=False)
+    console.print("  spec: " + json.dumps(job["spec"]), markup=False)
 
 
 FIGURES = ("loss", "accuracy", "heldout_loss", "tau")
@@ -151,8 +157,8 @@ def stage_records(api: Api, job: dict) -> dict[str, dict]:
 def watch_job(api: Api, job_id: str) -> int:
     """Live progress bars from the job's events until it ends, then its final counts; returns 0 if it
     succeeded, else 1."""
-    job = api.call("GET", f"/v1/jobs/{job_id}").json()
-    console.print(f"watching {job_id} ({job['type']})")
+    job = printable_tree(api.call("GET", f"/v1/jobs/{job_id}").json())
+    console.print(f"watching {job_id} ({job['type']})", markup=False)
     final = job
     table = live_table_fits(console)
     with (Progress(TextColumn("{task.description:>16}"), BarColumn(), TaskProgressColumn(),
@@ -161,6 +167,7 @@ def watch_job(api: Api, job_id: str) -> int:
           if table else LineProgress(console)) as progress:
         view = WatchView(progress)
         for event, _, data in sse_events(api, job_id):
+            data = printable_tree(data)
             if event == "progress":
                 view.show("", {"progress": data["progress"]})
                 if data.get("stage"):  # a pipeline's current stage
@@ -169,16 +176,17 @@ def watch_job(api: Api, job_id: str) -> int:
                 progress.console.print(f"step {data['step']}  {figures(data)}")
             elif event == "state":
                 progress.console.print(f"state: {data.get('previous', '-')} -> {data['state']}"
-                                       + (f"  {data['error']}" if data.get("error") else ""))
+                                       + (f"  {data['error']}" if data.get("error") else ""), markup=False)
             elif event == "stage":
-                progress.console.print(f"stage {data['stage']} started: job {data['job_id']}")
+                progress.console.print(f"stage {data['stage']} started: job {data['job_id']}", markup=False)
             elif event == "end":
                 final = data
-        record = api.call("GET", f"/v1/jobs/{job_id}").json()
+        record = printable_tree(api.call("GET", f"/v1/jobs/{job_id}").json())
         view.finish(record, stage_records(api, record))
     state = final["state"]
     colour = "green" if state == "succeeded" else "red"
-    console.print(f"[{colour}]{job_id} {state}[/{colour}]" + (f": {final['error']}" if final.get("error") else ""))
+    console.print(f"[{colour}]{escape(job_id)} {state}[/{colour}]"
+                  + (f": {escape(final['error'])}" if final.get("error") else ""))
     for name, value in (final.get("outputs") or {}).items():
-        console.print(f"  output {name}: {value}")
+        console.print(f"  output {name}: {value}", markup=False)
     return 0 if state == "succeeded" else 1

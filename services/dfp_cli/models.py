@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 from dfp_shared.cli_support import with_settings
 from dfp_shared.gguf_import import GGUFImportSettings
+from dfp_shared.printable import printable
 
 
 @click.group(name="models")
@@ -30,7 +31,8 @@ def import_gguf_command(source: str, output: str, owner: str | None, settings: G
 
     try:
         keys = import_gguf(source, output, StorageRoots.from_settings(settings), owner,
-                           endpoint_url=settings.s3_endpoint_url, max_bytes=settings.gguf_max_bytes)
+                           endpoint_url=settings.s3_endpoint_url, max_bytes=settings.gguf_max_bytes,
+                           limits=settings.gguf_limits())
     except (GGUFError, StorageError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(printable(str(exc))) from None
     click.echo(f"imported {source} -> {output} ({len(keys)} files)")

@@ -8,8 +8,11 @@ saves that, so every service then loads the target through :func:`dfp_shared.mod
 any other checkpoint.
 
 The file is data, never code: its size is bounded before it is read (an object in S3 by its length, before
-it is downloaded, and copied no further than that), its header checked (magic, version, counts) before
-transformers parses it, its architecture must be one transformers maps to a built-in model class, and the
+it is downloaded, and copied no further than that); it is parsed and converted in a child process with a
+memory ceiling and a wall-time budget (:func:`convert_confined`: ``DFLASH_GGUF_MEMORY_MB``,
+``DFLASH_GGUF_TIMEOUT_S``), which a cancel ends at once; there its header is checked (magic, version, counts,
+then every length, count and offset against the file's bytes: :mod:`.gguf_header`) before transformers parses
+it, its architecture must be one transformers maps to a built-in model class, and the
 result holds no code and no ``auto_map``. The destination lies inside the storage roots and is claimed for its
 principal like every job output: by :func:`import_gguf` (the ``models import-gguf`` command), or by the worker's
 admission of an ``import_gguf`` job, which then runs :func:`import_claimed`, the import both share.
@@ -30,8 +33,11 @@ from pathlib import Path
 
 from pydantic import Field
 
+from . import gguf_header
 from .config import CommonSettings
+from .confined import ConfinedError, LimitExceeded, Limits, run_confined
 from .ownership import OutputClaims
+from .printable import printable
 from .storage import RANGE_READ_SIZE, NotFound, ObjectStore, open_store, split_uri
 from .storage_roots import StorageRoots
 
@@ -43,10 +49,15 @@ DEFAULT_MAX_BYTES = 64 << 30
 MAX_TENSORS = 100_000
 MAX_METADATA = 100_000
 MIN_BITS_PER_WEIGHT = 1.5  # the densest GGUF quantisations (IQ1_S) store about 1.56 bits per weight
+DEFAULT_LIMITS = Limits(memory_bytes=32 << 30, seconds=3600.0)
 
 
 class GGUFError(ValueError):
-    """A GGUF file that cannot be imported; the message names the file and the reason."""
+    """A GGUF file that cannot be imported; the message names the file and the reason (without control
+    characters: it quotes the file's own names)."""
+
+    def __init__(self, message: str):
+        super().__init__(printable(message))
 
 
 class GGUFImportSettings(CommonSettings):
@@ -54,6 +65,14 @@ class GGUFImportSettings(CommonSettings):
 
     gguf_max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=1, le=1 << 42,
                                 description="Largest GGUF file an import reads, in bytes (checked before reading).")
+    gguf_memory_mb: int = Field(DEFAULT_LIMITS.memory_bytes >> 20, ge=64, le=1 << 22,
+                                description="Memory (MiB) the process that parses and converts a GGUF file may use "
+                                            "beyond its imported libraries; over it the import fails.")
+    gguf_timeout_s: float = Field(DEFAULT_LIMITS.seconds, gt=0, le=86400,
+                                  description="Wall time (seconds) a GGUF file's parse and conversion may take.")
+
+    def gguf_limits(self) -> Limits:
+        return Limits(memory_bytes=self.gguf_memory_mb << 20, seconds=self.gguf_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -65,8 +84,10 @@ class GGUFInfo:
     tensors: int
 
 
-def check_gguf(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, name: str | None = None) -> GGUFInfo:
-    """Check a GGUF file before anything parses it: size, magic, version, counts, then its architecture.
+def check_gguf(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, name: str | None = None,
+               check: Callable[[], None] | None = None) -> GGUFInfo:
+    """Check a GGUF file before anything parses it: size, magic, version, counts, every claim of its header
+    against its bytes (``check`` called as the scan goes), then its architecture.
 
     Raises GGUFError naming the file (as ``name``, e.g. its storage URI, when given) and what is wrong.
     """
@@ -87,21 +108,19 @@ def check_gguf(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, name: str |
     if tensors > MAX_TENSORS or metadata > MAX_METADATA:
         raise GGUFError(f"{where}: header claims {tensors:,} tensors and {metadata:,} metadata entries "
                         f"(at most {MAX_TENSORS:,} and {MAX_METADATA:,})")
-    architecture = _architecture(path, where)
+    try:  # every length, count and offset bounded by the file's bytes before any parser believes one
+        header = gguf_header.scan(path, MAX_TENSORS, MAX_METADATA, check)
+    except gguf_header.HeaderError as exc:
+        raise GGUFError(f"{where}: malformed GGUF ({exc})") from None
+    architecture = _architecture(header, where)
     return GGUFInfo(path=path, size=size, version=version, architecture=architecture, tensors=tensors)
 
 
-def _architecture(path: Path, where: str) -> str:
-    from gguf import GGUFReader
+def _architecture(header: gguf_header.Header, where: str) -> str:
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    try:
-        reader = GGUFReader(path)
-        field = reader.fields.get("general.architecture")
-        architecture = bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
-    except Exception as exc:  # the reader raises whatever a malformed file provokes (ValueError, IndexError, ...)
-        raise GGUFError(f"{where}: malformed GGUF ({type(exc).__name__}: {exc})") from None
-    if not architecture:
+    architecture = header.metadata.get("general.architecture")
+    if not isinstance(architecture, str) or not architecture:
         raise GGUFError(f"{where}: no general.architecture in its metadata")
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
         raise GGUFError(f"{where}: architecture {architecture!r} has no built-in transformers model "
@@ -158,6 +177,32 @@ def convert_gguf(path: str | Path, out_dir: str | Path, max_bytes: int = DEFAULT
     (out / "import.json").write_text(json.dumps({"source": info.path.name, "gguf_version": info.version,
                                                   "architecture": info.architecture, "bytes": info.size}, indent=1))
     return out
+
+
+def convert_confined(path: Path, out_dir: Path, max_bytes: int, name: str, limits: Limits = DEFAULT_LIMITS,
+                     check: Callable[[], None] | None = None) -> Path:
+    """:func:`convert_gguf` (header scan included) in a child process under ``limits``
+    (:mod:`dfp_shared.confined`); ``check`` is called every fraction of a second (what it raises ends the
+    child and propagates). A limit exceeded is a :class:`GGUFError` naming the file and the limit."""
+    kwargs = {"path": str(path), "out_dir": str(out_dir), "max_bytes": max_bytes, "name": name}
+    try:
+        outcome = run_confined(f"{__name__}:_convert_in_child", kwargs, limits, check=check,
+                               preload=("torch", "transformers", "gguf"))
+    except LimitExceeded as exc:
+        raise GGUFError(f"{name}: the import was stopped: {exc.message} (the memory limit is "
+                        f"{limits.memory_bytes >> 20} MiB, DFLASH_GGUF_MEMORY_MB; the time limit "
+                        f"{limits.seconds:g} s, DFLASH_GGUF_TIMEOUT_S)") from None
+    except ConfinedError as exc:
+        if exc.kind == "GGUFError":
+            raise GGUFError(exc.message) from None
+        raise RuntimeError(f"{name}: the import failed ({exc})") from None
+    log.info("GGUF converted", extra={"file": name, "peak_rss_mb": outcome.peak_rss_bytes >> 20,
+                                      "seconds": round(outcome.seconds, 1)})
+    return Path(outcome.value)
+
+
+def _convert_in_child(path: str, out_dir: str, max_bytes: int, name: str) -> str:
+    return str(convert_gguf(path, out_dir, max_bytes, name))
 
 
 def _check_no_code(directory: Path) -> None:
@@ -231,7 +276,8 @@ PHASES = ("fetched", "converted", "written")
 
 def import_claimed(source: str, output: str, roots: StorageRoots, *, endpoint_url: str | None = None,
                    max_bytes: int = DEFAULT_MAX_BYTES, work_dir: str | None = None,
-                   progress: Callable[..., None] | None = None) -> list[str]:
+                   progress: Callable[..., None] | None = None, limits: Limits = DEFAULT_LIMITS,
+                   check: Callable[[], None] | None = None) -> list[str]:
     """Import the GGUF file ``source`` into the model directory ``output``, which the caller has claimed for
     its principal; returns the keys written.
 
@@ -239,7 +285,8 @@ def import_claimed(source: str, output: str, roots: StorageRoots, *, endpoint_ur
     converted model) live under ``work_dir`` (created if missing; default: the system temporary directory) and
     are removed after.
     ``progress(phase, **counts)`` is called after each of :data:`PHASES` (it may raise to stop the import
-    there): ``fetched`` with ``source_bytes``, ``written`` with ``files`` and ``output_bytes``.
+    there): ``fetched`` with ``source_bytes``, ``written`` with ``files`` and ``output_bytes``. The file is
+    parsed and converted under ``limits`` in a child process, which ``check`` (a cancel) ends at once.
     """
     report = progress or (lambda phase, **counts: None)
     target = open_store(roots.check(output, "output"), endpoint_url=endpoint_url)
@@ -250,7 +297,8 @@ def import_claimed(source: str, output: str, roots: StorageRoots, *, endpoint_ur
         (scratch / "source").mkdir()
         gguf_path = _local_source(source, roots, scratch / "source", endpoint_url, max_bytes)
         report("fetched", source_bytes=gguf_path.stat().st_size if gguf_path.is_file() else 0)
-        converted = convert_gguf(gguf_path, scratch / "model", max_bytes, name=source)  # checks it first
+        check_gguf(gguf_path, max_bytes, source, check)  # a bad header is refused before a process starts
+        converted = convert_confined(gguf_path, scratch / "model", max_bytes, source, limits, check)
         report("converted")
         keys = upload_dir(converted, target)
         written = sum(f.stat().st_size for f in converted.rglob("*") if f.is_file())
@@ -261,7 +309,7 @@ def import_claimed(source: str, output: str, roots: StorageRoots, *, endpoint_ur
 
 def import_gguf(source: str, output: str, roots: StorageRoots, owner: str | None, *,
                 endpoint_url: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
-                work_dir: str | None = None) -> list[str]:
+                work_dir: str | None = None, limits: Limits = DEFAULT_LIMITS) -> list[str]:
     """Import the GGUF file ``source`` into the model directory ``output`` (``models import-gguf``); returns
     the keys written.
 
@@ -270,4 +318,5 @@ def import_gguf(source: str, output: str, roots: StorageRoots, owner: str | None
     """
     roots.check_explicit_output(output, "output")
     OutputClaims(roots, endpoint_url).claim(output, owner, job_id="import-gguf", field="output")
-    return import_claimed(source, output, roots, endpoint_url=endpoint_url, max_bytes=max_bytes, work_dir=work_dir)
+    return import_claimed(source, output, roots, endpoint_url=endpoint_url, max_bytes=max_bytes, work_dir=work_dir,
+                          limits=limits)

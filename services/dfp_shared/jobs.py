@@ -19,6 +19,8 @@ from enum import Enum
 
 import redis
 
+from .printable import printable
+
 EVENTS_MAXLEN = 2000
 METRICS_MAXLEN = 5000
 """Metric points kept per job (the newest); one point per logged training step."""
@@ -305,12 +307,14 @@ class JobStore:
 
     def transition(self, job_id: str, new_state: JobState | str, *, error: str | None = None,
                    outputs: dict | None = None) -> JobRecord:
+        """Move the job to ``new_state``; ``error`` is stored without control characters (it may quote
+        what a user supplied, and views print it to terminals)."""
         new_state = JobState(new_state)
         allowed_from = {s.value: True for s, targets in ALLOWED.items() if new_state in targets}
         res = self._transition(
             keys=[self.keys(job_id).record, self.keys(job_id).events],
             args=[json.dumps(allowed_from), new_state.value, repr(time.time()), "1" if new_state.terminal else "0",
-                  error or "", json.dumps(outputs) if outputs is not None else "", EVENTS_MAXLEN],
+                  printable(error or ""), json.dumps(outputs) if outputs is not None else "", EVENTS_MAXLEN],
         )
         if res[0] == "ILLEGAL":
             raise IllegalTransition(job_id, res[1], new_state.value)

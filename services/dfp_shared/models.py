@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -70,6 +71,7 @@ def load_causal_lm(uri: str, device: str | None = None, dtype: str | None = None
 
     path = local_model_dir(uri, endpoint_url=endpoint_url)
     check_loadable(path, uri)
+    check_sized_by_weights(path, uri)
     dev = pick_device(device)
     # weights only from safetensors (a pickled .bin from storage would run code), and no model code from it
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dev, dtype), attn_implementation="sdpa",
@@ -77,6 +79,45 @@ def load_causal_lm(uri: str, device: str | None = None, dtype: str | None = None
     model.to(dev).eval()
     model.requires_grad_(False)
     return model
+
+
+MAX_LAYERS = 1024  # decoder layers of a target (a target layer id is at most 1023)
+MAX_CONFIG_BYTES = 4 << 20  # a config.json (public ones: a few KiB, multimodal ones tens of KiB)
+
+
+def check_sized_by_weights(path: Path, uri: str) -> None:
+    """Refuse (:class:`~dfp_shared.failures.ModelRefused`) a checkpoint whose ``config.json`` describes more
+    parameters than its safetensors files hold at half a byte each (4-bit weights), before anything is allocated: a model is
+    built from its config first, and weights the files lack are made in memory, so an empty weights file under
+    a config that claims a vast model would otherwise be built at the config's size. The parameters are
+    counted on the meta device, once the file's size and its layer count (read as plain JSON) are within
+    :data:`MAX_CONFIG_BYTES` and :data:`MAX_LAYERS`."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    size = (path / "config.json").stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ModelRefused(f"model {uri}: config.json is {size:,} bytes (at most {MAX_CONFIG_BYTES:,})")
+    try:
+        raw = json.loads((path / "config.json").read_text())
+        layers = (raw.get("text_config") or raw).get("num_hidden_layers", 0)
+    except (ValueError, AttributeError) as exc:
+        raise ModelRefused(f"model {uri}: config.json is not a JSON object ({exc})") from None
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 0 < layers <= MAX_LAYERS:
+        raise ModelRefused(f"model {uri}: config.json states num_hidden_layers {layers!r} (1..{MAX_LAYERS})")
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - whatever a malformed config provokes: the model cannot load
+        raise ModelRefused(f"model {uri}: config.json cannot be read ({type(exc).__name__}: {exc})") from None
+    try:
+        with torch.device("meta"):
+            params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    except Exception as exc:  # noqa: BLE001 - a config transformers cannot build: the model cannot load
+        raise ModelRefused(f"model {uri}: config.json does not describe a model ({type(exc).__name__}: {exc})") \
+            from None
+    held = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    if params > 2 * held:  # 4-bit quantised weights are the densest the loaders read
+        raise ModelRefused(f"model {uri}: config.json describes {params:,} parameters, more than its safetensors "
+                           f"files hold ({held:,} bytes, at least half a byte a parameter)")
 
 
 def model_fingerprint(path: str | os.PathLike) -> str:

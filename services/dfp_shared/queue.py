@@ -6,6 +6,11 @@ is done. Tasks whose consumer died (idle past the lease) are reclaimed with XAUT
 next consumer that asks. A task delivered ``max_deliveries`` times without an ack moves to the
 dead-letter stream ``dfp:tasks:<kind>:dead`` with its last error; a claim that dead-letters a task
 reports it to the caller's ``on_dead`` callback, so the consumer can fail the job that owns it.
+
+A consumer that gives a task back (a failed attempt, a shutdown) marks it released; a task reclaimed without
+that mark was held by a consumer that died (or lost its lease) while running it. Such a task gets one more
+try: the second death dead-letters it with :data:`WORKER_DIED`, so a task that kills its worker (a file
+that exhausts memory) is not handed to one worker after another.
 """
 
 from __future__ import annotations
@@ -21,11 +26,16 @@ from dataclasses import dataclass, field
 import redis
 from redis.exceptions import ResponseError
 
+from .printable import printable
+
 log = logging.getLogger(__name__)
 
 GROUP = "workers"
 LEASE_EXPIRED = "consumer died or lease expired"
 """The error of a task dead-lettered with no failure on record: every consumer of it died."""
+WORKER_DIED = "its worker died while running it, twice"
+"""The error of a task dead-lettered at its second death (see the module)."""
+MAX_DEATHS = 2
 
 
 def stream_name(kind: str) -> str:
@@ -59,6 +69,8 @@ class TaskQueue:
         self.stream = stream_name(kind)
         self.dead_stream = self.stream + ":dead"
         self.errors_key = self.stream + ":errors"
+        self.released_key = self.stream + ":released"  # entry id -> 1: given back cleanly since its last claim
+        self.deaths_key = self.stream + ":deaths"  # entry id -> times its consumer died holding it
         self.group = group
         self.lease_ms = lease_ms
         self.max_deliveries = max_deliveries
@@ -138,6 +150,12 @@ class TaskQueue:
                 continue
             deliveries = self._deliveries(entry_id)
             task = self._to_task(entry_id, fields, consumer, deliveries)
+            if self._died_holding(entry_id):
+                task.deliveries -= 1
+                if on_dead is not None:
+                    on_dead(task, WORKER_DIED)
+                self.dead_letter(task, WORKER_DIED)
+                continue
             if deliveries > self.max_deliveries:
                 task.deliveries -= 1  # this delivery only moves it: count the attempts made
                 last = self.r.hget(self.errors_key, entry_id) or LEASE_EXPIRED
@@ -149,6 +167,16 @@ class TaskQueue:
                         extra={"stream": self.stream, "task": entry_id, "job_id": task.job_id, "deliveries": deliveries})
             out.append(task)
         return out
+
+    def _died_holding(self, entry_id: str) -> bool:
+        """Whether this reclaim follows the second death of a consumer holding ``entry_id`` (counting this
+        one, when the entry was not given back since it was last claimed)."""
+        if self.r.hdel(self.released_key, entry_id):
+            return False
+        deaths = self.r.hincrby(self.deaths_key, entry_id, 1)
+        log.warning("a consumer died holding a task", extra={"stream": self.stream, "task": entry_id,
+                                                             "deaths": deaths})
+        return deaths >= MAX_DEATHS
 
     def _deliveries(self, entry_id: str) -> int:
         rows = self.r.xpending_range(self.stream, self.group, min=entry_id, max=entry_id, count=1)
@@ -168,6 +196,8 @@ class TaskQueue:
         pipe.xack(self.stream, self.group, task.id)
         pipe.xdel(self.stream, task.id)
         pipe.hdel(self.errors_key, task.id)
+        pipe.hdel(self.released_key, task.id)
+        pipe.hdel(self.deaths_key, task.id)
         pipe.execute()
 
     def ack_many(self, tasks: list[Task], pipe: redis.client.Pipeline | None = None) -> None:
@@ -181,6 +211,8 @@ class TaskQueue:
         pipe.xack(self.stream, self.group, *ids)
         pipe.xdel(self.stream, *ids)
         pipe.hdel(self.errors_key, *ids)
+        pipe.hdel(self.released_key, *ids)
+        pipe.hdel(self.deaths_key, *ids)
         if own:
             pipe.execute()
 
@@ -188,6 +220,7 @@ class TaskQueue:
         """Give a task back now (e.g. on shutdown): it becomes reclaimable by any consumer at once.
         A task never ``attempted`` (claimed ahead, then given back) gets its delivery back too."""
         retry = None if attempted else max(0, task.deliveries - 1)
+        self.r.hset(self.released_key, task.id, 1)
         self._call(self.r.xclaim, self.stream, self.group, task.consumer, 0, [task.id],
                    idle=self.lease_ms + 1, retrycount=retry, justid=True)
 
@@ -197,17 +230,19 @@ class TaskQueue:
         if task.deliveries >= self.max_deliveries:
             self.dead_letter(task, error)
             return True
-        self.r.hset(self.errors_key, task.id, error[:4000])
+        self.r.hset(self.errors_key, task.id, printable(error[:4000]))
         self.release(task)
         return False
 
     def dead_letter(self, task: Task, error: str) -> None:
         pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.dead_stream, {**task.fields, "error": error[:4000], "deliveries": task.deliveries,
+        pipe.xadd(self.dead_stream, {**task.fields, "error": printable(error[:4000]), "deliveries": task.deliveries,
                                      "original_id": task.id, "dead_at": f"{time.time():.3f}"})
         pipe.xack(self.stream, self.group, task.id)
         pipe.xdel(self.stream, task.id)
         pipe.hdel(self.errors_key, task.id)
+        pipe.hdel(self.released_key, task.id)
+        pipe.hdel(self.deaths_key, task.id)
         pipe.execute()
         log.error("task dead-lettered", extra={"stream": self.stream, "task": task.id, "job_id": task.job_id,
                                                "key": task.key, "deliveries": task.deliveries, "error": error[:500]})

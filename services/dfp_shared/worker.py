@@ -36,7 +36,7 @@ from .job_flow import finish_job
 from .job_types import JobType, task_job_type
 from .jobs import JobNotFound, JobRecord, JobState, JobStore
 from .ownership import OutputClaims
-from .queue import LEASE_EXPIRED, Task, TaskQueue, default_consumer_name
+from .queue import LEASE_EXPIRED, WORKER_DIED, Task, TaskQueue, default_consumer_name
 from .signals import StopSignals
 from .storage import AccessRefused
 from .storage_roots import StorageRoots
@@ -418,7 +418,10 @@ class Worker:
         self._count("dead")
         if self.jobs.is_task_done(task.job_id, task.key):
             return
-        if error == LEASE_EXPIRED:
+        if error == WORKER_DIED:
+            reason = (f"task {task.key!r}: its worker died (or lost its lease) while running it, twice; it is not "
+                      f"handed to another worker")
+        elif error == LEASE_EXPIRED:
             reason = f"task {task.key!r} was delivered {task.deliveries} times and its worker died each time"
         else:
             reason = f"task {task.key!r} was delivered {task.deliveries} times without finishing; last error: {error}"

@@ -46,9 +46,9 @@ def make_app(redis_server):
 
 
 @contextlib.contextmanager
-def served(app, http=None):
-    """``app`` under a real uvicorn (httptools with the head limits, as served) on a free loopback port;
-    yields the port."""
+def served(app, http=None, **config):
+    """``app`` under a real uvicorn (httptools with the head limits, as served) on a free loopback port, with
+    further uvicorn ``config`` (e.g. ``limit_concurrency``); yields the port."""
     import uvicorn
     from dfp_api.server import uvicorn_config
     from dfp_api.settings import ApiSettings
@@ -58,7 +58,7 @@ def served(app, http=None):
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
                                         http=http or uvicorn_config(ApiSettings(auth_disabled=True))["http"],
-                                        log_config=None, access_log=False))
+                                        log_config=None, access_log=False, **config))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     wait_for_port(port, timeout=30)

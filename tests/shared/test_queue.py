@@ -9,7 +9,7 @@ import time
 
 import pytest
 from dfp_shared.jobs import IllegalTransition, JobState, JobStore
-from dfp_shared.queue import LEASE_EXPIRED, TaskQueue
+from dfp_shared.queue import WORKER_DIED, TaskQueue
 from dfp_shared.redis_conn import connect
 from dfp_shared.worker import TaskReleased, Worker
 
@@ -79,13 +79,15 @@ def test_killed_consumer_task_is_redelivered_after_lease(redis_server, redis_cli
     assert redis_client.lrange(f"handled:{job.id}", 0, -1) == ["t00000"]
 
 
-def test_task_whose_consumers_keep_dying_is_dead_lettered_and_fails_its_job(redis_server, redis_client):
+def test_a_task_whose_worker_died_twice_is_not_handed_to_a_third_and_fails_its_job(redis_server, redis_client):
+    """A task that kills its consumer (SIGKILL, as the OOM killer would) gets one more try, not another worker
+    after another: the second death dead-letters it and fails the job with the reason."""
     jobs = JobStore(redis_client)
     pipeline, _ = jobs.create("pipeline", {})
     job, _ = jobs.create("test", {}, parent_id=pipeline.id, stage="tokenize", totals={"tasks": 1})
     TaskQueue(redis_client, "test").enqueue(job.id, "t00000", {"hang": 600})
-    max_deliveries = 3
-    for n in range(1, max_deliveries + 1):  # each consumer takes the task and is killed mid-task
+    max_deliveries = 5
+    for n in range(1, 3):  # each consumer takes the task and is killed mid-task
         victim = consumer(redis_server.url, f"c{n}", lease_ms=1000, max_deliveries=max_deliveries)
         wait_until(lambda n=n: redis_client.llen(f"attempts:{job.id}") == n)
         victim.send_signal(signal.SIGKILL)
@@ -96,17 +98,35 @@ def test_task_whose_consumers_keep_dying_is_dead_lettered_and_fails_its_job(redi
     finally:
         stop_all([last])
     assert last.returncode == 0
-    assert redis_client.lrange(f"attempts:{job.id}", 0, -1) == ["t00000:c1:1", "t00000:c2:2", "t00000:c3:3"]
+    assert redis_client.lrange(f"attempts:{job.id}", 0, -1) == ["t00000:c1:1", "t00000:c2:2"]
     assert redis_client.llen(f"handled:{job.id}") == 0
-    assert jobs.get(job.id).error == ("task 't00000' was delivered 3 times and its worker died each time; "
-                                      "dead-lettered")
+    assert jobs.get(job.id).error == ("task 't00000': its worker died (or lost its lease) while running it, twice; "
+                                      "it is not handed to another worker; dead-lettered")
     dead = TaskQueue(redis_client, "test").dead_letters()
     assert [(d["key"], d["job_id"], d["deliveries"], d["error"]) for d in dead] == [
-        ("t00000", job.id, "3", LEASE_EXPIRED)]
+        ("t00000", job.id, "2", WORKER_DIED)]
     q = TaskQueue(redis_client, "test")
     assert q.pending() == 0 and redis_client.xlen(q.stream) == 0
+    assert not redis_client.exists(q.deaths_key, q.released_key)
     parent = jobs.get(pipeline.id)  # the pipeline waiting on the stage ends too
     assert parent.state == JobState.failed and "t00000" in parent.error
+
+
+def test_a_task_given_back_cleanly_is_not_counted_as_a_death(redis_client):
+    """Released on shutdown, then its worker dies once: still one more try (a release is not a death)."""
+    q = TaskQueue(redis_client, "deaths", lease_ms=50, max_deliveries=10)
+    q.enqueue("j", "k", {})
+    (first,) = q.claim("a", block_ms=10)
+    q.release(first)  # a clean give-back (shutdown, a failed attempt)
+    (second,) = q.claim("b", block_ms=10)
+    assert second.deliveries == 2
+    time.sleep(0.1)  # b dies holding it: its lease runs out
+    (third,) = q.claim("c", block_ms=10)
+    assert third.deliveries == 3  # the one more try after a death
+    time.sleep(0.1)  # c dies too
+    dead = []
+    assert q.claim("d", block_ms=10, on_dead=lambda task, error: dead.append((task.key, error))) == []
+    assert dead == [("k", WORKER_DIED)] and q.dead_letters()[0]["error"] == WORKER_DIED
 
 
 def _polling_clients(r, ignore: set[str]) -> int:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import sys
@@ -238,17 +239,18 @@ def summarise(final: dict, stages: dict, out: Path) -> None:
              "plots": ", ".join(train.get("plots") or []), "logs": f"file://{out}/logs"}
     for name, uri in paths.items():
         if uri:
-            console.print(f"{name:>15}: {uri}")
+            console.print(f"{name:>15}: {uri}", markup=False)
     console.print("\nlook at them:")
     store = out / "store"
-    console.print(f"  head -c 800 {store}/generate/completions/shard-00000.jsonl")
-    console.print(f"  cat {store}/tokens/manifest.json {store}/tokens/stats.json")
+    look = [["head", "-c", "800", f"{store}/generate/completions/shard-00000.jsonl"],
+            ["cat", f"{store}/tokens/manifest.json", f"{store}/tokens/stats.json"]]
     if train.get("drafter"):
-        console.print(f"  cat {train['drafter'].removeprefix('file://').rstrip('/')}/config.json")
+        look.append(["cat", f"{train['drafter'].removeprefix('file://').rstrip('/')}/config.json"])
     if train.get("report"):
-        console.print(f"  cat {train['report'].removeprefix('file://')}")
-    for plot in train.get("plots") or []:
-        console.print(f"  xdg-open {plot.removeprefix('file://')}")
+        look.append(["cat", train["report"].removeprefix("file://")])
+    look += [["xdg-open", plot.removeprefix("file://")] for plot in train.get("plots") or []]
+    for argv in look:  # each value quoted for the shell: a path is one word when pasted
+        console.print(f"  {shlex.join(argv)}", markup=False, highlight=False, soft_wrap=True)
     serving = train.get("serving") or {}
     if serving:
         console.print("\nserve the drafter (a real GPU serving machine; the commands are also in the report):")

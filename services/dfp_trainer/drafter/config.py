@@ -13,6 +13,7 @@ from dfp_shared.specs.train import MAX_BLOCK_SIZE, MAX_LAYERS, LayerType
 from transformers import Qwen3Config
 
 from .attention import FULL, SLIDING
+from .bounds import check_shape
 from .family import FAMILIES, family, family_of_architectures, family_of_fields
 
 LAYER_TYPES = get_args(LayerType)
@@ -73,6 +74,7 @@ class DrafterConfig:
 
     def validate(self) -> None:
         # a config read from storage asks for no more than a train spec could
+        check_shape(self)
         if not 1 <= self.num_hidden_layers <= MAX_LAYERS:
             raise ValueError(f"num_hidden_layers must be 1..{MAX_LAYERS}, got {self.num_hidden_layers}")
         if not 2 <= self.block_size <= MAX_BLOCK_SIZE:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .bounds import check_fits_target, check_weights_header
 from .config import DrafterConfig
 from .config_json import read_config_json
 from .families import build_drafter
@@ -18,8 +19,10 @@ MISSING = "missing from the exported drafter"
 
 
 def load_exported(out_dir: str | os.PathLike, embed_tokens: nn.Embedding, lm_head: nn.Linear,
-                  device: str | torch.device | None = None) -> DFlashDrafter:
-    """Load an exported drafter over the target's embedding and LM head; tensor names must match exactly."""
+                  device: str | torch.device | None = None, target_config=None) -> DFlashDrafter:
+    """Load an exported drafter over the target's embedding and LM head; tensor names must match exactly.
+    Its config is bounded (:mod:`.bounds`; against ``target_config`` too, when given) before the drafter is
+    built, and the weights' names and shapes are checked from their header before they are read."""
     from safetensors.torch import load_file
 
     out = Path(out_dir)
@@ -27,17 +30,19 @@ def load_exported(out_dir: str | os.PathLike, embed_tokens: nn.Embedding, lm_hea
     data = read_config_json(cfg_path, MISSING)
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: {MISSING}")
-    drafter = build_drafter(DrafterConfig.from_config_dict(data, str(cfg_path)), embed_tokens, lm_head)
-    state = load_file(str(weights))
+    config = DrafterConfig.from_config_dict(data, str(cfg_path))
+    try:
+        if target_config is not None:
+            check_fits_target(config, target_config)
+        if (config.hidden_size, config.vocab_size) != tuple(embed_tokens.weight.shape)[::-1]:
+            raise ValueError(f"hidden_size {config.hidden_size} and vocab_size {config.vocab_size} differ from the "
+                             f"target's embedding {tuple(embed_tokens.weight.shape)}")
+    except ValueError as exc:
+        raise ValueError(f"{cfg_path}: {exc}") from None
+    drafter = build_drafter(config, embed_tokens, lm_head)
     expected = drafter.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"{weights}: tensor names do not match the config (missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]})")
-    for name, tensor in state.items():
-        if tensor.shape != expected[name].shape:
-            raise ValueError(f"{weights}: tensor {name} has shape {tuple(tensor.shape)}, expected "
-                             f"{tuple(expected[name].shape)}")
+    check_weights_header(str(weights), {name: tuple(t.shape) for name, t in expected.items()})
+    state = load_file(str(weights))
     if "d2t" in state:
         targets = state["d2t"].long() + torch.arange(state["d2t"].numel())
         if bool((targets < 0).any() or (targets >= drafter.config.vocab_size).any()) or \

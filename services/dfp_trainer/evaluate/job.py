@@ -124,7 +124,8 @@ def load_models(spec: EvaluateSpec, device: str | None, tmp: str, endpoint_url: 
     target = load_causal_lm(str(model_dir), device=device)
     try:
         drafter = load_exported(_drafter_dir(spec.drafter, tmp, endpoint_url), target.get_input_embeddings(),
-                                       target.get_output_embeddings(), device=target.device)
+                                       target.get_output_embeddings(), device=target.device,
+                                       target_config=target.config)
     except (FileNotFoundError, ValueError, KeyError, TypeError, OverflowError, RuntimeError) as exc:
         raise EvaluateError(f"drafter {spec.drafter}: {exc}") from None
     cfg, tcfg = drafter.config, target.config.get_text_config()

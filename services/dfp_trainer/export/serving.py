@@ -24,7 +24,9 @@ def local_path(uri: str) -> str:
 
 def serving_commands(config: DrafterConfig, target: str, drafter: str, speculators: str | None = None) -> dict:
     """Command lines (strings) for ``target`` (model directory) served with the z-lab export at ``drafter``
-    (and the speculators export, when given), and a Python snippet that loads the drafter with transformers."""
+    (and the speculators export, when given), and a Python snippet that loads the drafter with transformers.
+    Every value is quoted for its language (``shlex.quote`` in shell lines, ``repr`` in Python), so a path
+    holding quotes, ``$(`` or newlines stays one literal when the text is pasted."""
     target, drafter = local_path(target), local_path(drafter)
     n = config.block_size - 1
     mixed = len(set(config.layer_types)) > 1
@@ -35,7 +37,7 @@ def serving_commands(config: DrafterConfig, target: str, drafter: str, speculato
         "sglang": " ".join(["python -m sglang.launch_server", "--model-path", shlex.quote(target),
                             "--speculative-algorithm DFLASH", "--speculative-draft-model-path", shlex.quote(drafter),
                             f"--speculative-num-draft-tokens {config.block_size}", "--attention-backend fa3"]),
-        "transformers": _TRANSFORMERS_SNIPPET.format(drafter=drafter, target=target),
+        "transformers": _TRANSFORMERS_SNIPPET.format(drafter=repr(drafter), target=repr(target)),
     }
     if not family(config.family).reference_route:  # vLLM's DSpark and DFlash2: its V2 model runner only; no SGLang or AutoModel route
         del commands["sglang"], commands["transformers"]
@@ -55,8 +57,8 @@ def serving_commands(config: DrafterConfig, target: str, drafter: str, speculato
 _TRANSFORMERS_SNIPPET = """\
 import torch
 from transformers import AutoModel, AutoModelForCausalLM
-drafter = AutoModel.from_pretrained("{drafter}", trust_remote_code=True)
-target = AutoModelForCausalLM.from_pretrained("{target}")
+drafter = AutoModel.from_pretrained({drafter}, trust_remote_code=True)
+target = AutoModelForCausalLM.from_pretrained({target})
 # one block after the context: anchor token then mask tokens, the target's layer outputs
 # drafter.target_layer_ids (hidden_states[i + 1]) of the context, positions of context then block
 block = torch.full((1, drafter.block_size), drafter.mask_token_id)

@@ -22,7 +22,7 @@ from dfp_shared.job_flow import finish_job
 from dfp_shared.jobs import JobState
 from dfp_shared.queue import Task
 from dfp_shared.specs.import_gguf import ImportGGUFSpec
-from dfp_shared.worker import TaskCancelled, TaskContext
+from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 from prometheus_client import Counter
 
 from .base import JobRunner
@@ -49,10 +49,15 @@ class ImportGGUFHandler(JobRunner):
             ctx.jobs.emit(task.job_id, "phase", {"phase": phase, **counts})
             ctx.check()  # a cancel (or a second signal) ends the import between phases
 
+        def check() -> None:  # polled while the file is parsed: a cancel ends it, and so does a rollout's SIGTERM
+            ctx.check()
+            if ctx.stopping.is_set():  # (given back: another worker imports it from the start)
+                raise TaskReleased(task.job_id)
+
         try:
             keys = import_claimed(spec.source, spec.output, self.roots, endpoint_url=self.settings.s3_endpoint_url,
                                   max_bytes=self.settings.gguf_max_bytes, work_dir=self.settings.work_dir or None,
-                                  progress=progress)
+                                  progress=progress, limits=self.settings.gguf_limits(), check=check)
         except GGUFError as exc:  # the file, not the moment: no retry can import it
             IMPORTS.labels("refused").inc()
             raise CannotSucceed(str(exc)) from None

@@ -29,6 +29,10 @@ def _prompts(tok) -> list[torch.Tensor]:
     return prompts
 
 
+def _loaded(model_dir):
+    return load_tokenizer(model_dir), load_causal_lm(str(model_dir), device="cpu")
+
+
 def _drafter(model_dir, tok, target, block_size=6, **family):
     cfg = DrafterConfig.for_target(load_target_parts(model_dir).config, num_layers=2, block_size=block_size,
                                    mask_token_id=mask_token_id(tok), **family)
@@ -39,8 +43,7 @@ def _drafter(model_dir, tok, target, block_size=6, **family):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_batched_decoding_equals_one_at_a_time_for_each_family(tiny_qwen3_dir, family):
     with one_thread():
-        tok = load_tokenizer(tiny_qwen3_dir)
-        target = load_causal_lm(str(tiny_qwen3_dir), device="cpu")
+        tok, target = _loaded(tiny_qwen3_dir)
         drafter = _drafter(tiny_qwen3_dir, tok, target, **FAMILIES[family])
         prompts, stops = _prompts(tok), stop_token_ids(tok)
         for whole_blocks in (True, False):  # cut blocks give rows of different block lengths near the budget
@@ -54,8 +57,7 @@ def test_batched_decoding_equals_one_at_a_time_for_each_family(tiny_qwen3_dir, f
 
 def test_batched_ngram_equals_one_at_a_time_with_accepted_drafts(tiny_qwen3_dir):
     with one_thread():
-        tok = load_tokenizer(tiny_qwen3_dir)
-        target = load_causal_lm(str(tiny_qwen3_dir), device="cpu")
+        tok, target = _loaded(tiny_qwen3_dir)
         prompts = _prompts(tok)
         kw = dict(draft_len=5, max_new_tokens=40, min_n=1, max_n=3)
         lone = [ngram_decode(target, p, **kw) for p in prompts]
@@ -66,8 +68,7 @@ def test_batched_ngram_equals_one_at_a_time_with_accepted_drafts(tiny_qwen3_dir)
 
 def test_a_close_decision_sends_the_row_back_to_be_decoded_alone(tiny_qwen3_dir):
     with one_thread():
-        tok = load_tokenizer(tiny_qwen3_dir)
-        target = load_causal_lm(str(tiny_qwen3_dir), device="cpu")
+        tok, target = _loaded(tiny_qwen3_dir)
         drafter = _drafter(tiny_qwen3_dir, tok, target, block_size=4)
         prompts = _prompts(tok)[:3]
         lone = [speculative_decode(drafter, target, p, max_new_tokens=8) for p in prompts]
@@ -80,8 +81,7 @@ def test_a_close_decision_sends_the_row_back_to_be_decoded_alone(tiny_qwen3_dir)
 
 def test_a_hybrid_target_is_decoded_one_at_a_time(tiny_hybrid_dir):
     with one_thread():
-        tok = load_tokenizer(tiny_hybrid_dir)
-        target = load_causal_lm(str(tiny_hybrid_dir), device="cpu")
+        tok, target = _loaded(tiny_hybrid_dir)
         drafter = _drafter(tiny_hybrid_dir, tok, target, block_size=4)
         prompts = _prompts(tok)[:2]
         lone = [speculative_decode(drafter, target, p, max_new_tokens=6) for p in prompts]

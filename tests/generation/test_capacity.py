@@ -20,7 +20,7 @@ def test_kv_tokens_of_a_vllm_metrics_page_and_the_concurrency_they_allow():
     assert kv_tokens(VLLM_METRICS) == 1456 * 16
     assert kv_tokens("vllm:num_requests_running 0.0\n") is None
     assert kv_tokens('vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0') is None
-    assert concurrency_for(1456 * 16, 256) == 91
+    assert concurrency_for(1456 * 16, 512) == 45  # the cache holds 45 answers of 512 tokens
     assert concurrency_for(1 << 30, 64) == AUTO_MAX and concurrency_for(100, 512) == 1
     assert concurrency_for(None, 256) == DEFAULT_CONCURRENCY
 
@@ -36,7 +36,7 @@ def _run(server: LoopbackOpenAI, n: int, max_new_tokens: int, concurrency: int |
         engine.close()
 
 
-def test_unset_concurrency_fills_the_server_s_capacity():
+def test_unset_concurrency_is_what_the_server_s_cache_holds():
     server = LoopbackOpenAI(latency=0.2, kv_tokens=48 * 64).start()  # room for 48 sequences of 64 new tokens
     try:
         assert _run(server, 120, 64) == 48

@@ -1,13 +1,14 @@
 """How many requests an OpenAI-compatible server can decode at once, for the ``openai`` engine's default concurrency.
 
-A CPU or GPU decodes a batch of sequences for about the cost of one until it is compute-bound, so a server
-kept short of requests runs far below the machine's rate; requests beyond what it holds only wait in its
-queue (and near the request timeout). vLLM publishes its KV cache on ``/metrics``
-(``vllm:cache_config_info``: ``num_gpu_blocks`` blocks of ``block_size`` tokens, on the CPU build too): the
-default concurrency is that many tokens over ``max_new_tokens`` (each sequence in flight may grow to the
-budget; most end sooner, and the server pre-empts rather than fails when it runs short), between 1 and
-:data:`AUTO_MAX` (vLLM's default ``max_num_seqs``, the most it schedules at once). A server that publishes
-no capacity gets :data:`DEFAULT_CONCURRENCY`.
+A server decodes a batch of sequences for about the cost of one until it is compute-bound, but every request
+in flight shares its rate: on a CPU (SmolLM2 on two cores, ~130 tokens/s in all) 256 answers of 512 tokens
+would each take about 1,000 s, past the request timeout, and a measured run at 256 in flight was no faster
+than 64 (README, "Performance"). So the default stays at most :data:`AUTO_MAX` and comes down to what the
+server's KV cache holds, where a request beyond it would only be pre-empted and recomputed: vLLM publishes
+its cache on ``/metrics`` (``vllm:cache_config_info``: ``num_gpu_blocks`` blocks of ``block_size`` tokens, on
+the CPU build too), and the default is that many tokens over ``max_new_tokens`` (each sequence in flight may
+grow to the budget), between 1 and :data:`AUTO_MAX`. A server that publishes no capacity gets
+:data:`DEFAULT_CONCURRENCY`. A larger server (a GPU) is driven harder by setting ``concurrency``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import httpx
 log = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = 64
-AUTO_MAX = 256
+AUTO_MAX = 64
 _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 

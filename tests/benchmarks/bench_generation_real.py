@@ -9,7 +9,7 @@ SmolLM2-135M-Instruct (:mod:`dfp_dev.targets.smollm2`); the engine answers ``--p
 * limit - the target's forward alone, in process (transformers, float32, batches of 16 sequences, the same
   prompts and answers): tokens/s of the work every generated token needs at least once.
 
-Runs in about three minutes on 2 cores once vLLM is installed. Last line: one JSON object.
+Runs in about three minutes on 2 quiet cores once vLLM is installed (six under load). Last line: one JSON object.
 """
 
 from __future__ import annotations

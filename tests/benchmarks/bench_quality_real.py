@@ -129,7 +129,9 @@ def vllm_generation(model_dir: Path, prompts: Path, max_new_tokens: int, out: Pa
     server = VllmServer(ensure_env(), model_dir, out)
     server.start()
     try:
-        return generate(model_dir, prompts, max_new_tokens, out, spec={"engine": "openai", "openai_endpoint": "default"},
+        # one shard: every prompt in flight at the concurrency the server's capacity allows (no wave tails)
+        return generate(model_dir, prompts, max_new_tokens, out, spec={"engine": "openai", "openai_endpoint": "default",
+                                                                       "shard_size": 100_000},
                         openai_base_url=server.base_url + "/v1", openai_model=str(model_dir))
     finally:
         server.stop()

@@ -38,8 +38,10 @@ FAULT_RE = re.compile(r"\[\[(429|500|timeout)x(\d+)\]\]")
 
 
 class LoopbackOpenAI:
-    def __init__(self, latency: float = 0.0, reasoning: str = "field", stall_s: float = 5.0, port: int = 0):
+    def __init__(self, latency: float = 0.0, reasoning: str = "field", stall_s: float = 5.0, port: int = 0,
+                 kv_tokens: int | None = None):
         self.latency = latency
+        self.kv_tokens = kv_tokens  # published on /metrics as vLLM does (16-token blocks); None: no /metrics
         self.reasoning = reasoning
         self.stall_s = stall_s
         self.port = port
@@ -101,8 +103,10 @@ class LoopbackOpenAI:
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 self.authorizations.append(headers.get("authorization"))
                 status, payload, extra = await self._respond(method, path, body)
-                data = json.dumps(payload).encode()
-                head_out = [f"HTTP/1.1 {status} {'OK' if status == 200 else 'ERR'}", "Content-Type: application/json",
+                text = isinstance(payload, str)
+                data = payload.encode() if text else json.dumps(payload).encode()
+                kind = "text/plain; version=0.0.4" if text else "application/json"
+                head_out = [f"HTTP/1.1 {status} {'OK' if status == 200 else 'ERR'}", f"Content-Type: {kind}",
                             f"Content-Length: {len(data)}", "Connection: keep-alive", *extra]
                 writer.write(("\r\n".join(head_out) + "\r\n\r\n").encode() + data)
                 await writer.drain()
@@ -111,7 +115,10 @@ class LoopbackOpenAI:
         finally:
             writer.close()
 
-    async def _respond(self, method: str, path: str, body: bytes) -> tuple[int, dict, list[str]]:
+    async def _respond(self, method: str, path: str, body: bytes) -> tuple[int, dict | str, list[str]]:
+        if method == "GET" and path == "/metrics" and self.kv_tokens is not None:
+            return 200, ('# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size="16",'
+                         f'cache_dtype="auto",num_gpu_blocks="{self.kv_tokens // 16}"}} 1.0\n'), []
         if method != "POST" or not path.endswith("/chat/completions"):
             return 404, {"error": {"message": f"no route {method} {path}"}}, []
         req = json.loads(body)

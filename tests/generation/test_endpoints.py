@@ -121,8 +121,9 @@ def test_a_key_file_is_read_and_an_endpoint_without_a_key_gets_no_header(tmp_pat
                                                       "openai_endpoint": name})
         run_worker(redis_client, settings)
         assert JobStore(redis_client).get(job.id).state == JobState.succeeded
-    # the default endpoint's key (DFLASH_OPENAI_API_KEY) goes to the default endpoint only
-    assert keyed.authorizations == [f"Bearer {OTHER_KEY}"] and open_.authorizations == [None]
+    # the default endpoint's key (DFLASH_OPENAI_API_KEY) goes to the default endpoint only (each job asks the
+    # endpoint's /metrics for its capacity, then the completion)
+    assert keyed.authorizations == [f"Bearer {OTHER_KEY}"] * 2 and open_.authorizations == [None] * 2
 
 
 def test_an_unknown_name_fails_the_job_at_once_naming_the_configured_ones(tmp_path, redis_server, redis_client,

@@ -1,7 +1,8 @@
 """The ``openai`` engine: any OpenAI-compatible chat completions server (vLLM, SGLang, ...).
 
 Requests run on an asyncio loop with at most ``concurrency`` in flight: that many slots, each
-with its own keep-alive connection, take the next request when the last one is done. 429, 5xx, timeouts and connection errors are retried with
+with its own keep-alive connection, take the next request when the last one is done. Unset, the
+concurrency is sized once from the server's KV capacity (:mod:`.capacity`). 429, 5xx, timeouts and connection errors are retried with
 exponential backoff and jitter, honouring ``Retry-After``; other 4xx answers fail the request at
 once. The reasoning is read from the response message's ``reasoning_content`` (or
 ``reasoning``), else split from ``<think>`` tags in the content. Thinking mode is passed as
@@ -23,6 +24,7 @@ from dfp_shared.thinking import split_thinking
 from prometheus_client import Counter
 
 from .base import Engine, GenRequest, GenResult, ResultCallback, SamplingParams, StopCheck
+from .capacity import concurrency_for, server_kv_tokens
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +35,14 @@ RETRIES = Counter("dfp_generation_http_retries_total", "Retried OpenAI-API reque
 class OpenAIEngine(Engine):
     name = "openai"
 
-    def __init__(self, base_url: str, model: str, *, concurrency: int = 64, timeout_s: float = 600.0,
+    def __init__(self, base_url: str, model: str, *, concurrency: int | None = None, timeout_s: float = 600.0,
                  max_retries: int = 6, api_key: str | None = None, backoff_base_s: float = 0.5,
                  backoff_max_s: float = 30.0, extra_body: dict | None = None):
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + "/chat/completions"
         self.model_name = model
-        self.concurrency = concurrency
+        self.concurrency = concurrency  # None: from the server's capacity, per max_new_tokens (:mod:`.capacity`)
+        self._server_tokens: tuple[int | None] | None = None  # the server's KV tokens, once asked
         self.timeout = httpx.Timeout(timeout_s, connect=min(30.0, timeout_s))
         self.max_retries = max_retries
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -109,8 +113,19 @@ class OpenAIEngine(Engine):
                 if on_result:
                     on_result(res)
 
-        await asyncio.gather(*(slot(self._client(i)) for i in range(min(self.concurrency, len(requests)))))
+        slots = min(await self.slots(params.max_new_tokens), len(requests))
+        await asyncio.gather(*(slot(self._client(i)) for i in range(slots)))
         return results
+
+    async def slots(self, max_new_tokens: int) -> int:
+        """Requests kept in flight: the configured concurrency, else sized from the server's capacity."""
+        if self.concurrency is not None:
+            return self.concurrency
+        if self._server_tokens is None:
+            self._server_tokens = (await server_kv_tokens(self._client(0), self.base_url),)
+            log.info("server capacity", extra={"kv_tokens": self._server_tokens[0],
+                                               "concurrency": concurrency_for(self._server_tokens[0], max_new_tokens)})
+        return concurrency_for(self._server_tokens[0], max_new_tokens)
 
     def body(self, req: GenRequest, params: SamplingParams) -> dict:
         return {"model": self.model_name, "messages": req.messages, "temperature": params.temperature,

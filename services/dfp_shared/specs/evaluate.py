@@ -15,6 +15,7 @@ MAX_PROMPTS_PER_SET = 10_000
 MAX_NEW_TOKENS = 8192
 MAX_PROMPT_TOKENS = 1 << 16
 MAX_NGRAM = 64
+MAX_BATCH = 64
 
 
 class EvaluateSpec(BaseModel):
@@ -42,6 +43,9 @@ class EvaluateSpec(BaseModel):
                                                               f"prompt_lookup_max), 1..{MAX_NGRAM}.")
     include_outputs: bool = Field(False, description="Also write each prompt's generated token ids (DFlash and n-gram) "
                                                      "into the report.")
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH,
+                            description=f"Prompts decoded at once (1..{MAX_BATCH}); outputs and counts equal decoding one "
+                                        "at a time, larger batches decode more tokens per second and hold more memory.")
     ngram_min: int = Field(1, ge=1, le=MAX_NGRAM, description=f"Shortest n-gram the baseline matches (vLLM's "
                                                               f"prompt_lookup_min), 1..{MAX_NGRAM}.")
 

@@ -48,7 +48,9 @@ class GenerateSpec(BaseModel):
                           "never a URL: the workers' credentials go only to configured endpoints.")
     openai_model: str | None = Field(
         None, min_length=1, max_length=256, description="Model name sent to the OpenAI-compatible server; unset: the worker's DFLASH_OPENAI_MODEL.")
-    concurrency: int = Field(64, ge=1, le=4096, description="Requests in flight per worker (openai engine).")
+    concurrency: int | None = Field(
+        None, ge=1, le=4096, description="Requests in flight per worker (openai engine); unset: sized from the server's "
+                                         "KV capacity (vLLM's /metrics: KV tokens / max_new_tokens, 1..64), else 64.")
     request_timeout_s: float = Field(
         600.0, gt=0, le=86400, description="Timeout of one HTTP request, seconds, at most a day (openai engine).")
     max_retries: int = Field(6, ge=0, le=100, description="Retries of a request after 429 / 5xx / timeouts (openai engine).")

@@ -120,6 +120,21 @@ def decode_masks(anchor: int, context_positions: torch.Tensor, block_len: int, l
     return _build(d, layer_types, sliding_window, "sdpa")
 
 
+def batch_decode_masks(anchors: torch.Tensor, context_positions: torch.Tensor, block_lens: torch.Tensor, block_len: int,
+                       layer_types: list[str], sliding_window: int | None = None) -> AttentionMasks:
+    """Masks for one block per row (decoding a batch): row i's block anchored at ``anchors[i]`` holds
+    ``block_lens[i]`` real tokens of ``block_len``; its padding tokens form a block of their own, and context
+    padding must carry a position after the block (hidden from every query by the visibility rule)."""
+    offs = torch.arange(block_len, device=anchors.device)
+    q_pos = anchors[:, None] + offs  # (S, Q)
+    q_block = (offs[None] >= block_lens[:, None]).long()  # 0: the real block; 1: its padding
+    ctx = context_positions.long()
+    d = _Descriptors(q_anchor=anchors[:, None].expand_as(q_pos), q_pos=q_pos, q_block=q_block,
+                     k_pos=torch.cat([ctx, q_pos], dim=1), k_block=torch.cat([torch.full_like(ctx, -1), q_block], dim=1),
+                     context_len=ctx.shape[1])
+    return _build(d, layer_types, sliding_window, "sdpa")
+
+
 _compiled_flex = None
 
 

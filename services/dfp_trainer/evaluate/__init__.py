@@ -1,6 +1,8 @@
 """Evaluating a drafter by real speculative decoding.
 
-* :mod:`.decode` - speculative decoding and verification (greedy, as the reference);
+* :mod:`.decode` - speculative decoding and verification (greedy, as the reference), one prompt at a time;
+* :mod:`.batched` - the same decoding of several prompts at once, with the same outputs and counts;
+* :mod:`.acceptance` - τ of a drafter over prompts (the train report's);
 * :mod:`.tau` - counting τ (acceptance length), and τ of a drafter with a run's decoding settings;
 * :mod:`.prediction` - the τ held-out per-position accuracies predict, and the train/serve verdict;
 * :mod:`.ngram` - n-gram (prompt-lookup) speculation, the baseline without a drafter;

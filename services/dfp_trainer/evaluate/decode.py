@@ -10,10 +10,10 @@ next token. tau = tokens emitted per verify step. The output equals the target's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
-from dfp_shared import chat_template, stop_tokens
+from dfp_shared import chat_template
 
 from ..drafter.attention import decode_masks
 
@@ -47,8 +47,9 @@ class _Verifier:
             params = inspect.signature(target.forward).parameters
             self.cache_arg = "cache" if "cache" in params else "past_key_values"
 
-    def forward(self, seq: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (L, V) and features (L, K*H) of ``seq[start:]`` given ``seq[:start]`` already seen."""
+    def forward(self, seq: torch.Tensor, start: int, keep: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (L, V) and features (L, K*H) of ``seq[start:]`` given ``seq[:start]`` already seen; with ``keep``,
+        the logits of only the last ``keep`` positions (the LM head is the costliest part of a small target)."""
         n = seq.shape[0]
         hidden = bool(self.layer_ids)
         if self.use_cache:
@@ -57,10 +58,11 @@ class _Verifier:
                 self.cache.crop(-extra)
             ids, pos = seq[start:][None], torch.arange(start, n, device=seq.device)[None]
             out = self.target(input_ids=ids, position_ids=pos, use_cache=True, output_hidden_states=hidden,
-                              **{self.cache_arg: self.cache})
+                              logits_to_keep=keep or n - start, **{self.cache_arg: self.cache})
         else:
-            out = self.target(input_ids=seq[None], output_hidden_states=hidden, use_cache=False)
-        logits = out.logits[0, -(n - start):]
+            out = self.target(input_ids=seq[None], output_hidden_states=hidden, use_cache=False,
+                              logits_to_keep=keep or n - start)
+        logits = out.logits[0, -(keep or n - start):]
         if not hidden:
             return logits, None
         feats = target_features(out.hidden_states, self.layer_ids)[0, -(n - start):]
@@ -92,7 +94,7 @@ def verify_decode(propose: Proposer, target, prompt_ids: torch.Tensor, *, max_ne
     verifier = _Verifier(target, layer_ids, use_cache)
     n_prompt = prompt_ids.shape[0]
     max_len = n_prompt + max_new_tokens
-    logits, feats = verifier.forward(prompt_ids, 0)
+    logits, feats = verifier.forward(prompt_ids, 0, keep=1)
     seq = torch.cat([prompt_ids, logits[-1].argmax().view(1)])  # first token comes from the prefill
     context = feats  # (start, K*H): features of every position before the anchor
     stops = set(int(t) for t in stop_token_ids)
@@ -159,38 +161,3 @@ def speculative_decode(drafter, target, prompt_ids: torch.Tensor, *, max_new_tok
 
 def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool) -> list[int]:
     return chat_template.chat_prompt_ids(tokenizer, messages, enable_thinking=enable_thinking)
-
-
-def acceptance(drafter, target_model, prompts: Iterable[torch.Tensor], *, max_new_tokens: int,
-               stop_token_ids: Sequence[int], layer_ids: Sequence[int] | None = None) -> dict:
-    """Tau (tokens emitted per verify step) over token-id prompts by speculative decoding, with the
-    steps, new tokens and tau of each prompt and the histogram of accepted drafts."""
-    was_training = drafter.training
-    drafter.eval()
-    dev = drafter.fc.weight.device
-    per_prompt, hist, total_tokens, total_steps = [], [0] * drafter.config.block_size, 0, 0
-    try:
-        for ids in prompts:
-            out = speculative_decode(drafter, target_model, ids.to(dev), max_new_tokens=max_new_tokens,
-                                     layer_ids=layer_ids, stop_token_ids=stop_token_ids)
-            tokens, steps = sum(out["steps"]), len(out["steps"])
-            per_prompt.append({"tau": tokens / steps if steps else 0.0, "steps": steps, "new_tokens": tokens})
-            hist = [a + b for a, b in zip(hist, out["accepted_hist"])]
-            total_tokens, total_steps = total_tokens + tokens, total_steps + steps
-    finally:
-        drafter.train(was_training)
-    return {"tau": total_tokens / total_steps if total_steps else 0.0, "per_prompt": per_prompt,
-            "accepted_hist": hist, "steps": total_steps, "new_tokens": total_tokens}
-
-
-def acceptance_length(drafter, target_model, tokenizer, prompts: list[list[dict]], *, max_new_tokens: int,
-                      enable_thinking: bool, layer_ids: Sequence[int] | None = None,
-                      stop_token_ids: Sequence[int] | None = None) -> dict:
-    """Mean tokens emitted per verify step over chat prompts (the acceptance length tau), and details."""
-    if not prompts:
-        raise ValueError("no evaluation prompts")
-    stops = stop_tokens.stop_token_ids(tokenizer) if stop_token_ids is None else list(stop_token_ids)
-    ids = (torch.tensor(chat_prompt_ids(tokenizer, messages, enable_thinking), dtype=torch.long) for messages in prompts)
-    result = acceptance(drafter, target_model, ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
-                        layer_ids=layer_ids)
-    return {**result, "enable_thinking": enable_thinking}

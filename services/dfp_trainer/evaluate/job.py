@@ -5,6 +5,8 @@ target's chat template in the spec's thinking mode), every prompt is decoded twi
 speculative decoding against the target in the one harness (:func:`.decode.verify_decode`):
 with the DFlash drafter (B-1 drafts per step) and with n-gram lookup (:mod:`.ngram`, at most B-1
 drafts). Blocks are verified whole, as vLLM drafts them. Both outputs are the target's greedy output.
+``batch_size`` prompts are decoded at once (:mod:`.batched`: outputs and counts equal to decoding
+one at a time; ``recomputed`` counts the prompts a near tie sent back to be decoded alone).
 
 The report, ``<output>/evaluation.json``: the drafter, target and settings, and per set ``dflash``
 and ``ngram`` figures (:func:`.tau.tau_figures`: ``tau``, ``tau_vllm``, the histogram of accepted
@@ -12,7 +14,7 @@ drafts per step, the acceptance of each draft position; plus ``tokens_per_s`` an
 τ of each prompt, the counts of prompts evaluated and skipped, and the unreadable lines (file, line,
 reason; the first 100 in full, all counted). A bad line never fails the job; a bad drafter or
 target does (:class:`EvaluateError`). Progress: the job record's ``prompts`` counter against its
-total.
+total, per batch.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from dfp_shared.tokenizer_assets import load_tokenizer
 
 from ..drafter.load import load_exported
 from ..settings import scratch_dir
-from .decode import chat_prompt_ids, speculative_decode
-from .ngram import ngram_decode
+from .batched import ngram_decode_batch, speculative_decode_batch
+from .decode import chat_prompt_ids
 from .tau import tau_figures
 
 log = logging.getLogger(__name__)
@@ -144,6 +146,15 @@ def _method(runs: list[dict], seconds: float, draft_len: int) -> dict:
     return {**figures, "seconds": seconds, "tokens_per_s": figures["new_tokens"] / seconds if seconds > 0 else 0.0}
 
 
+def _prompt_row(pid: str, ids: list[int], dflash: dict, ngram: dict, draft_len: int, include_outputs: bool) -> dict:
+    row = {"id": pid, "prompt_tokens": len(ids), "new_tokens": len(dflash["new_ids"]),
+           "tau_dflash": tau_figures([dflash], draft_len)["tau"], "tau_ngram": tau_figures([ngram], draft_len)["tau"],
+           "outputs_equal": dflash["new_ids"] == ngram["new_ids"]}
+    if include_outputs:
+        row.update(dflash_ids=dflash["new_ids"], ngram_ids=ngram["new_ids"])
+    return row
+
+
 def evaluate_job(spec: EvaluateSpec, *, device: str | None = None, endpoint_url: str | None = None,
                  work_dir: str | None = None, progress: Callable[[int, int], None] = lambda done, total: None,
                  should_stop: Callable[[], bool] = lambda: False) -> dict | None:
@@ -165,37 +176,40 @@ def evaluate_job(spec: EvaluateSpec, *, device: str | None = None, endpoint_url:
     for pset in sets:
         runs: dict[str, list[dict]] = {"dflash": [], "ngram": []}
         seconds = {"dflash": 0.0, "ngram": 0.0}
+        recomputed = {"dflash": 0, "ngram": 0}
         per_prompt = []
-        for pid, ids in pset.prompts:
+        for b in range(0, len(pset.prompts), spec.batch_size):
             if should_stop():
                 return None
-            prompt = torch.tensor(ids, dtype=torch.long, device=dev)
+            batch = pset.prompts[b : b + spec.batch_size]
+            prompts = [torch.tensor(ids, dtype=torch.long, device=dev) for _, ids in batch]
             began = time.perf_counter()
-            dflash = speculative_decode(drafter, target, prompt, max_new_tokens=spec.max_new_tokens,
-                                        stop_token_ids=stops, whole_blocks=True)
+            dflash, again = speculative_decode_batch(drafter, target, prompts, max_new_tokens=spec.max_new_tokens,
+                                                     batch_size=spec.batch_size, stop_token_ids=stops, whole_blocks=True)
             mid = time.perf_counter()
-            ngram = ngram_decode(target, prompt, draft_len=draft_len, max_new_tokens=spec.max_new_tokens,
-                                 min_n=spec.ngram_min, max_n=spec.ngram_max, stop_token_ids=stops)
+            ngram, ngram_again = ngram_decode_batch(target, prompts, draft_len=draft_len,
+                                                    max_new_tokens=spec.max_new_tokens, min_n=spec.ngram_min,
+                                                    max_n=spec.ngram_max, batch_size=spec.batch_size,
+                                                    stop_token_ids=stops)
             seconds["dflash"] += mid - began
             seconds["ngram"] += time.perf_counter() - mid
-            runs["dflash"].append(dflash)
-            runs["ngram"].append(ngram)
-            row = {"id": pid, "prompt_tokens": len(ids), "new_tokens": len(dflash["new_ids"]),
-                   "tau_dflash": tau_figures([dflash], draft_len)["tau"], "tau_ngram": tau_figures([ngram], draft_len)["tau"],
-                   "outputs_equal": dflash["new_ids"] == ngram["new_ids"]}
-            if spec.include_outputs:
-                row.update(dflash_ids=dflash["new_ids"], ngram_ids=ngram["new_ids"])
-            per_prompt.append(row)
-            done += 1
+            recomputed["dflash"] += again
+            recomputed["ngram"] += ngram_again
+            runs["dflash"] += dflash
+            runs["ngram"] += ngram
+            per_prompt += [_prompt_row(pid, ids, d, n, draft_len, spec.include_outputs)
+                           for (pid, ids), d, n in zip(batch, dflash, ngram)]
+            done += len(batch)
             progress(done, total)
         report_sets.append({
             "prompts": pset.uri, "evaluated": len(pset.prompts), "bad_lines": pset.bad_lines,
             "skipped": pset.skipped, "errors": pset.errors,
-            "dflash": _method(runs["dflash"], seconds["dflash"], draft_len),
-            "ngram": _method(runs["ngram"], seconds["ngram"], draft_len),
+            "dflash": {**_method(runs["dflash"], seconds["dflash"], draft_len), "recomputed": recomputed["dflash"]},
+            "ngram": {**_method(runs["ngram"], seconds["ngram"], draft_len), "recomputed": recomputed["ngram"]},
             "per_prompt": per_prompt})
     report = {"drafter": spec.drafter, "target": spec.target, "enable_thinking": spec.enable_thinking,
               "block_size": draft_len + 1, "draft_length": draft_len, "max_new_tokens": spec.max_new_tokens,
+              "batch_size": spec.batch_size,
               "ngram": {"min": spec.ngram_min, "max": spec.ngram_max}, "device": str(dev),
               "tau_counting": {"tau": "tokens emitted per target verify step (cut at the budget and at a stop token)",
                                "tau_vllm": "1 + accepted drafts per drafting step, whole verified blocks (vLLM's "

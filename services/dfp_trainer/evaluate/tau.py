@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from dfp_shared.stop_tokens import stop_token_ids
 
-from .decode import acceptance
+from .acceptance import acceptance
 
 
 def tau_figures(runs: list[dict], draft_len: int) -> dict:
@@ -41,7 +41,7 @@ def tau_figures(runs: list[dict], draft_len: int) -> dict:
 
 
 def tau_of(setup, drafter, target, prompts: list[torch.Tensor]) -> dict:
-    """:func:`~dfp_trainer.evaluate.decode.acceptance` of ``drafter`` on ``prompts`` with the run's decoding settings."""
+    """:func:`~dfp_trainer.evaluate.acceptance.acceptance` of ``drafter`` on ``prompts`` with the run's decoding settings."""
     with torch.no_grad():
         return acceptance(drafter, target, prompts, max_new_tokens=setup.spec.eval_max_new_tokens,
                           stop_token_ids=stop_token_ids(setup.tokenizer), layer_ids=setup.layer_ids)

@@ -9,7 +9,8 @@ from dfp_shared.tokenizer_assets import load_tokenizer
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.model import DFlashDrafter
 from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id
-from dfp_trainer.evaluate.decode import acceptance_length, chat_prompt_ids, speculative_decode
+from dfp_trainer.evaluate.acceptance import acceptance_length
+from dfp_trainer.evaluate.decode import chat_prompt_ids, speculative_decode
 
 from tests.trainer.drafter_support import chat_prompts, one_thread
 

@@ -14,7 +14,8 @@ from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.model import DFlashDrafter
 from dfp_trainer.drafter.objective import dflash_loss
 from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id
-from dfp_trainer.evaluate.decode import acceptance_length, chat_prompt_ids, target_features
+from dfp_trainer.evaluate.acceptance import acceptance_length
+from dfp_trainer.evaluate.decode import chat_prompt_ids, target_features
 from dfp_trainer.loop.heldout import heldout_metrics
 
 from tests.trainer.drafter_support import chat_prompts, one_thread

@@ -1,4 +1,5 @@
-"""Bounds on what a drafter's ``config.json`` and weights file may ask for, checked before anything is built.
+"""Bounds on what a drafter's ``config.json`` (a :class:`.config.DrafterConfig`, which calls these checks) and
+weights file may ask for, checked before anything is built.
 
 A stored drafter (an ``evaluate`` job's, the serving reference's) is a user's file: every field that sizes a
 tensor is bounded before a module is made, so a config that states ``intermediate_size: 4000000`` over a
@@ -11,12 +12,9 @@ safetensors file's tensor names and shapes, read from its header, with the draft
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dfp_shared.specs.train import MAX_SEQ_TOKENS, MAX_VOCAB
-
-if TYPE_CHECKING:
-    from .config import DrafterConfig
 
 MAX_HIDDEN = 1 << 16  # wider than any public model's hidden size (about 2^14)
 MAX_HEAD_DIM = 1024
@@ -27,7 +25,7 @@ MLP_FACTOR = 16  # an MLP at most this many times the hidden size (public models
 ATTENTION_FACTOR = 8  # query heads x head_dim at most this many times the hidden size (public models: 1 to 2)
 
 
-def check_shape(cfg: DrafterConfig) -> None:
+def check_shape(cfg: Any) -> None:
     """Every sizing field of ``cfg`` within what a train spec could ask for (the layer count and the families'
     own fields are bounded beside it, in :meth:`DrafterConfig.validate`); ValueError naming the field."""
     hidden = _within("hidden_size", cfg.hidden_size, 1, MAX_HIDDEN)
@@ -52,7 +50,7 @@ def _within(name: str, value: Any, low: int, high: int, what: str | None = None)
     return value
 
 
-def check_fits_target(cfg: DrafterConfig, target_config: Any) -> None:
+def check_fits_target(cfg: Any, target_config: Any) -> None:
     """``cfg`` drafts for the target whose config is ``target_config`` (a transformers config or its
     ``config.json`` dict; a multimodal one's text part): its hidden size, vocabulary and layer count are the
     target's, and no width or head count is larger than the target's own."""

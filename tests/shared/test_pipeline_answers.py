@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from dfp_shared.jobs import JobStore
 from dfp_shared.specs import PipelineSpec
@@ -51,3 +52,22 @@ def test_the_tokenize_input_must_lie_inside_the_roots(redis_client, tmp_path):
     with pytest.raises(OutsideRoots, match=r"^spec\.tokenize\.input: file:///etc/answers\.jsonl is outside"):
         queue_job(redis_client, "pipeline", spec, roots=_roots(tmp_path))
     assert not JobStore(redis_client).list(offset=0, limit=10, spec=False)[0]
+
+
+def test_the_client_submits_a_pipeline_without_generate_from_flags(monkeypatch):
+    from click.testing import CliRunner
+    from dfp_cli import client
+
+    sent = []
+
+    def call(self, method, path, **kw):
+        sent.append(kw["json"])
+        return httpx.Response(201, json={"id": "p1", "type": "pipeline", "state": "running"})
+
+    monkeypatch.setattr(client.Api, "call", call)
+    result = CliRunner().invoke(client.submit, ["pipeline", "--tokenize", "input=file:///data/sharegpt.json",
+                                                "--tokenize", "tokenizer=/models/t", "--train", "target=/models/t"])
+    assert result.exit_code == 0, result.output
+    assert sent == [{"type": "pipeline", "spec": {"tokenize": {"input": "file:///data/sharegpt.json",
+                                                                "tokenizer": "/models/t"},
+                                                   "train": {"target": "/models/t"}}}]

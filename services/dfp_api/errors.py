@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from dfp_shared.job_types import JOB_TYPES
 from dfp_shared.jobs import IllegalTransition, JobNotFound
@@ -18,6 +19,8 @@ from .quotas import QuotaExceeded
 from .service import IdempotencyConflict
 
 log = logging.getLogger(__name__)
+
+_DOTTED = re.compile(r"[a-z_]\w*(\.\w+)+")
 
 
 class ApiError(Exception):
@@ -48,6 +51,9 @@ def field_errors(exc: RequestValidationError) -> list[dict]:
         reason = err.get("msg", "invalid")
         if reason.startswith("Value error, "):
             reason = reason[len("Value error, "):]
+            head, sep, rest = reason.partition(": ")
+            if sep and _DOTTED.fullmatch(head):  # a check across fields that names the one at fault
+                path, reason = [*path, *head.split(".")], rest
         out.append({"field": ".".join(path) or where, "location": where, "reason": reason})
     return out
 

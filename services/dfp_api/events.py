@@ -17,8 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from dfp_shared.job_types import GENERATE, PIPELINE, TOKENIZE, TRAIN
+from dfp_shared.job_types import PIPELINE
 from dfp_shared.jobs import JobNotFound, JobRecord
+from dfp_shared.specs import PipelineSpec
 from fastapi.sse import ServerSentEvent
 
 from .store import AsyncJobReader
@@ -26,7 +27,7 @@ from .store import AsyncJobReader
 PROGRESS_MIN_INTERVAL_S = 0.25
 
 
-STAGES_LATEST_FIRST = tuple(t.name for t in (TRAIN, TOKENIZE, GENERATE))
+STAGES_LATEST_FIRST = tuple(reversed(PipelineSpec.STAGES))
 
 
 def _progress(rec: JobRecord, stage: JobRecord | None) -> dict:

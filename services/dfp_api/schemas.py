@@ -2,7 +2,8 @@
 
 Job specs come from :mod:`dfp_shared.specs`, the same models the workers read. A pipeline's
 stage specs are those models minus the field the pipeline wires from the previous stage
-(tokenize's ``input``, train's ``dataset``), so every stage is validated before anything runs.
+(tokenize's ``input``, train's ``dataset``), so every stage is validated before anything runs. A
+pipeline without ``generate`` starts at tokenize, which then names its ``input`` (answers to train on).
 """
 
 from __future__ import annotations
@@ -15,17 +16,24 @@ from typing import Annotated, Any, Literal
 from dfp_shared.job_types import JOB_TYPES, PIPELINE, TOKENIZE, TRAIN, fed_fields
 from dfp_shared.jobs import JobState
 from dfp_shared.specs import GenerateSpec
+from dfp_shared.specs.pipeline import ANSWERS_INPUT_MISSING
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 JobType = Enum("JobType", {name: name for name in JOB_TYPES}, type=str)
 JobType.__doc__ = "Kind of job."
 
 
-def _stage_model(stage: str) -> type[BaseModel]:
-    """The stage's spec model without the field an earlier stage fills in."""
+def _stage_model(stage: str, optional: frozenset[str] = frozenset()) -> type[BaseModel]:
+    """The stage's spec model without the field an earlier stage fills in (``optional``: kept, but not required,
+    for a pipeline without that earlier stage)."""
     base = JOB_TYPES[stage].spec
-    wired = fed_fields(stage)
+    wired = fed_fields(stage) - optional
     fields = {name: (info.annotation, info) for name, info in base.model_fields.items() if name not in wired}
+    for name in optional:
+        info = base.model_fields[name]
+        fields[name] = (Annotated[(info.annotation, *info.metadata)] | None,
+                        Field(None, description=f"{info.description} Only in a pipeline without generate (it is fed "
+                              "otherwise)."))
     model = create_model(f"Pipeline{stage.capitalize()}Stage", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
                          **fields)
     model.__doc__ = f"{base.__name__} fields" + (f" except {', '.join(sorted(wired))} (wired by the pipeline)."
@@ -33,18 +41,27 @@ def _stage_model(stage: str) -> type[BaseModel]:
     return model
 
 
-PipelineTokenizeStage = _stage_model(TOKENIZE.name)
+PipelineTokenizeStage = _stage_model(TOKENIZE.name, frozenset({"input"}))
 PipelineTrainStage = _stage_model(TRAIN.name)
 
 
 class PipelineRequestSpec(BaseModel):
-    """generate -> tokenize -> train; each stage starts when the previous one succeeds."""
+    """[generate ->] tokenize -> train; each stage starts when the previous one succeeds. Without generate,
+    tokenize's ``input`` names the records (with their answers) to train on."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    generate: GenerateSpec
+    generate: GenerateSpec | None = None
     tokenize: PipelineTokenizeStage  # type: ignore[valid-type]
     train: PipelineTrainStage  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _input_of_tokenize(self) -> PipelineRequestSpec:
+        if self.generate is None and self.tokenize.input is None:
+            raise ValueError(f"tokenize.input: {ANSWERS_INPUT_MISSING}")
+        if self.generate is not None and self.tokenize.input is not None:
+            raise ValueError("tokenize.input: the generate stage feeds it; name it only in a pipeline without generate")
+        return self
 
     @model_validator(mode="after")
     def _same_thinking_mode(self) -> PipelineRequestSpec:

@@ -75,7 +75,7 @@ def cancel(r: redis.Redis, caller: str, job_id: str, owner: str | None = None) -
     rec = jobs.cancel(job_id)
     log.info("job cancelled", extra={"job_id": job_id, "type": rec.type, "caller": caller})
     if rec.type == PIPELINE.name:
-        for stage in PipelineSpec.STAGES:
+        for stage in PipelineSpec.stages_of(rec.spec or {}):
             child = rec.outputs.get(f"{stage}_job")
             if not child:
                 continue

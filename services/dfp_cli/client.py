@@ -9,6 +9,8 @@ job type (``submit generate --prompts ... --output ... --model ...``), later one
 from __future__ import annotations
 
 import sys
+import types
+import typing
 from pathlib import Path
 
 import click
@@ -50,10 +52,16 @@ def build_spec(spec_file: str | None, sets: tuple[str, ...], fields: dict) -> di
     return spec
 
 
+def _required(ann):
+    """``X`` of an optional ``X | None`` (a pipeline's generate stage), else ``ann``."""
+    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    return args[0] if isinstance(ann, types.UnionType) and len(args) == 1 else ann
+
+
 def _field_option(name: str, info) -> click.Option:
     flag = "--" + name.replace("_", "-")
     help_text = info.description or name
-    ann = info.annotation
+    ann = _required(info.annotation)
     if ann is dict or getattr(ann, "__origin__", None) is dict:
         return click.Option([flag, name], multiple=True, metavar="KEY=VALUE",
                             help=f"{help_text} (repeatable KEY=VALUE).")

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 
 import click
 from dfp_shared.printable import printable, printable_tree
+from dfp_shared.specs import PipelineSpec
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
@@ -151,7 +152,7 @@ def live_table_fits(con: Console) -> bool:
 def stage_records(api: Api, job: dict) -> dict[str, dict]:
     """A pipeline's stage jobs as they are now, by stage name (empty for other jobs)."""
     return {s: api.call("GET", f"/v1/jobs/{job['outputs'][f'{s}_job']}").json()
-            for s in ("generate", "tokenize", "train") if f"{s}_job" in (job.get("outputs") or {})}
+            for s in PipelineSpec.STAGES if f"{s}_job" in (job.get("outputs") or {})}
 
 
 def watch_job(api: Api, job_id: str) -> int:

@@ -114,7 +114,7 @@ class StorageRoots:
 
         data = spec.model_dump() if hasattr(spec, "model_dump") else dict(spec)
         if job_type == PIPELINE.name:
-            for stage in PipelineSpec.STAGES:
+            for stage in PipelineSpec.stages_of(data):
                 self.check_spec(stage, data.get(stage) or {}, f"{prefix}.{stage}")
             return
         if data.get("output") is None:

@@ -35,7 +35,7 @@ def with_default_outputs(type_name: str, spec: dict, roots: StorageRoots, job_id
     if type_name == PIPELINE.name:
         return {**spec, **{stage: with_default_outputs(stage, dict(spec.get(stage) or {}), roots,
                                                        f"{job_id}/{stage}", f"{field}.{stage}")
-                           for stage in PipelineSpec.STAGES}}
+                           for stage in PipelineSpec.stages_of(spec)}}
     if spec.get("output") is None:
         return {**spec, "output": roots.job_prefix(job_id)}
     roots.check_explicit_output(spec["output"], f"{field}.output")
@@ -63,9 +63,10 @@ def queue_job(r: redis.Redis, type_name: str, spec: dict, *, idempotency_key: st
     if not created:
         return job, False
     if kind is PIPELINE:
-        jobs.set_totals(job.id, stages=len(PipelineSpec.STAGES))
+        stages = PipelineSpec.stages_of(spec)
+        jobs.set_totals(job.id, stages=len(stages))
         jobs.transition(job.id, JobState.running)
-        first = PipelineSpec.STAGES[0]
+        first = stages[0]
         start_stage(r, job, first, dict(spec[first]))
     else:
         TaskQueue(r, kind.stream).enqueue(job.id, PLAN_KEY, {"plan": True})

@@ -48,9 +48,11 @@ def test_bad_fields_are_422_with_field_and_reason(api):
     unknown = fields_of(api.post("/v1/jobs", json={"type": "bake", "spec": {}}))
     assert "bake" in next(iter(unknown.values()))
     stage = fields_of(api.post("/v1/jobs", json={"type": "pipeline", "spec": {
-        **PIPE_SPEC, "tokenize": {**PIPE_SPEC["tokenize"], "input": "s3://b/x", "output": "ftp://h/x"}}}))
-    assert "extra" in stage["spec.tokenize.input"].lower()  # wired by the pipeline, not given
+        **PIPE_SPEC, "tokenize": {**PIPE_SPEC["tokenize"], "output": "ftp://h/x"}}}))
     assert "scheme 'ftp'" in stage["spec.tokenize.output"]
+    fed = fields_of(api.post("/v1/jobs", json={"type": "pipeline", "spec": {
+        **PIPE_SPEC, "tokenize": {**PIPE_SPEC["tokenize"], "input": "s3://bucket/x"}}}))
+    assert set(fed) == {"spec.tokenize.input"} and "generate stage feeds it" in fed["spec.tokenize.input"]
     outside = fields_of(api.post("/v1/jobs", json={"type": "pipeline", "spec": {
         **PIPE_SPEC, "train": {"target": "/m"}}}))
     assert "outside the allowed storage" in outside["spec.train.target"]
@@ -109,6 +111,9 @@ def test_openapi_documents_each_job_type(api):
     body = doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body["discriminator"]["propertyName"] == "type"
     assert {"GenerateSpec", "TokenizeSpec", "TrainSpec", "PipelineTokenizeStage", "PipelineTrainStage"} <= set(schemas)
-    assert "input" not in schemas["PipelineTokenizeStage"]["properties"]
+    assert "dataset" not in schemas["PipelineTrainStage"]["properties"]
+    # tokenize's input is fed by generate, or named in a pipeline without it
+    assert "input" not in schemas["PipelineTokenizeStage"].get("required", [])
+    assert "generate" not in schemas["PipelineRequestSpec"].get("required", [])
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert "429" in doc["paths"]["/v1/jobs/{job_id}"]["get"]["responses"]

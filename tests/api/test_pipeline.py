@@ -155,3 +155,58 @@ def test_cancelling_a_stage_ends_its_pipeline(api, redis_client, qwen3_tokenizer
     assert api.post(f"/v1/jobs/{gen['id']}/cancel").json()["state"] == "cancelled"
     job = api.get(f"/v1/jobs/{pid}").json()
     assert job["state"] == "cancelled" and "stage generate" in job["error"]
+
+
+def test_a_pipeline_without_generate_trains_on_the_prompt_set_s_own_answers(
+        api, redis_server, redis_client, encoders, tiny_qwen3_dir, tmp_path):
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(json.dumps({"id": f"a{i}", "messages": [
+        {"role": "user", "content": f"What is {i} times three?"},
+        {"role": "assistant", "content": f"{i} times three is {3 * i}, since three lots of {i} make {3 * i}."}]}) + "\n"
+        for i in range(4)))
+    spec = {"tokenize": {"input": answers.as_uri(), "output": (tmp_path / "tokens").as_uri(),
+                         "tokenizer": str(tiny_qwen3_dir)},
+            "train": tiny_spec("file:///unused", tiny_qwen3_dir, (tmp_path / "drafter").as_uri(), steps=2)}
+    del spec["train"]["dataset"]
+    pipeline = api.post("/v1/jobs", json={"type": "pipeline", "spec": spec}).json()
+    pid = pipeline["id"]
+    assert pipeline["totals"] == {"stages": 2}
+
+    tokenizer, tokenizer_thread = start_worker(redis_client, encoders)
+    trainer = Worker(TaskQueue(redis_client, "train"), JobStore(redis_client),
+                     TrainHandler(TrainerSettings(redis_url=redis_server.url, device="cpu"), redis_client), block_ms=200)
+    threads = [tokenizer_thread, _worker_thread(trainer)]
+    try:
+        deadline = time.monotonic() + 240
+        while api.get(f"/v1/jobs/{pid}").json()["state"] not in ("succeeded", "failed", "cancelled"):
+            assert time.monotonic() < deadline, api.get(f"/v1/jobs/{pid}").json()
+            time.sleep(0.2)
+    finally:
+        for w in (tokenizer, trainer):
+            w.stopping.set()
+        for t in threads:
+            t.join(30)
+
+    job = api.get(f"/v1/jobs/{pid}").json()
+    assert "generate_job" not in job["outputs"]
+    stages = {s: api.get(f"/v1/jobs/{job['outputs'][f'{s}_job']}").json() for s in ("tokenize", "train")}
+    assert job["state"] == stages["train"]["state"] == "succeeded", job
+    tokenized = stages["tokenize"]["counters"]
+    assert tokenized["samples"] == 4 and 0 < tokenized["trained_tokens"] < tokenized["tokens"]  # the answers only
+    assert stages["train"]["spec"]["dataset"] == spec["tokenize"]["output"]
+    assert job["counters"]["stages"] == 2
+    assert [d["stage"] for e, _, d in read_events(api, pid) if e == "stage"] == ["tokenize", "train"]
+
+
+def test_a_pipeline_without_generate_needs_tokenize_s_input_inside_the_roots(api, tmp_path):
+    spec = _pipeline_spec(tmp_path, "/models/tokenizer")
+    del spec["generate"]
+    missing = api.post("/v1/jobs", json={"type": "pipeline", "spec": spec})
+    assert missing.status_code == 422
+    fields = {f["field"]: f["reason"] for f in missing.json()["fields"]}
+    assert set(fields) == {"spec.tokenize.input"} and "without a generate stage" in fields["spec.tokenize.input"]
+    spec["tokenize"]["input"] = "file:///etc/answers.jsonl"
+    outside = api.post("/v1/jobs", json={"type": "pipeline", "spec": spec})
+    assert outside.status_code == 422
+    fields = {f["field"]: f["reason"] for f in outside.json()["fields"]}
+    assert set(fields) == {"spec.tokenize.input"} and "outside the allowed storage" in fields["spec.tokenize.input"]

@@ -6,7 +6,9 @@ Each anchor opens a block of B tokens: the anchor token at block position 0, the
 1..B-1, position ids ``a..a+B-1``. The block sees the projected target features of positions
 strictly before ``a`` and its own whole block. The output at block position k (1..B-1) is trained
 to be the sequence's token at ``a + k`` (no shift), weighted ``exp(-(k-1)/gamma)``, masked by the
-loss mask at ``a + k`` and by ``a + k < length``; the loss is normalised by the weights. Logits go
+loss mask at ``a + k`` and by ``a + k < length``; the loss is normalised by the weights (``loss_norm="positions"``:
+by the number of trained positions). ``anchor_spread="batch"`` draws ``max_anchors`` times the sequences anchors
+uniformly over the whole batch, so a sequence with more trained tokens gets more. Logits go
 through the frozen LM head in chunks; with several chunks each is recomputed in the backward pass,
 so only one chunk of logits is alive at a time.
 
@@ -37,8 +39,11 @@ from .wrappers import unwrap
 
 
 def sample_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, max_anchors: int,
-                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Anchor positions (S, N) sorted ascending and their validity (S, N); N = most valid anchors in a row."""
+                   generator: torch.Generator | None = None, spread: str = "sequence") -> tuple[torch.Tensor, torch.Tensor]:
+    """Anchor positions (S, N) sorted ascending and their validity (S, N); N = most valid anchors in a row.
+
+    ``spread="batch"``: up to ``max_anchors * S`` anchors drawn uniformly over the whole batch's anchor positions
+    (a row with more trained tokens gets more), not ``max_anchors`` in each row."""
     s, t = loss_mask.shape
     dev = loss_mask.device
     trained = loss_mask.bool()
@@ -50,6 +55,11 @@ def sample_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, max_anchors: 
     scores = torch.rand((s, t), generator=generator, device=gen_dev).to(dev)
     scores = torch.where(ok, scores, torch.full_like(scores, -1.0))
     k = min(max_anchors, t)
+    if spread == "batch" and s:
+        chosen = torch.zeros(s * t, dtype=torch.bool, device=dev)
+        chosen[torch.topk(scores.reshape(-1), min(max_anchors * s, s * t)).indices] = True
+        scores = torch.where(chosen.view(s, t), scores, torch.full_like(scores, -1.0))
+        k = t
     top, idx = torch.topk(scores, k, dim=1)
     valid = top >= 0
     n = int(valid.sum(1).max().item()) if s else 0
@@ -97,7 +107,8 @@ def _chunk_loss(hidden: torch.Tensor, labels: torch.Tensor, prev_ids: torch.Tens
 def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float = 7.0, noise_std: float = 0.0,
                 generator: torch.Generator | None = None, logits_chunk: int = 4096,
                 attention_backend: str = "auto", loss: str = "decay",
-                dpace_alpha: float = 0.5, confidence_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+                dpace_alpha: float = 0.5, confidence_weight: float = 0.0, loss_norm: str = "weights",
+                anchor_spread: str = "sequence") -> tuple[torch.Tensor, dict]:
     """Weighted block cross-entropy of a batch and its metrics (``loss``: one of :data:`LOSSES`).
 
     The batch's input_ids (S, T) integer, loss_mask (S, T) 0/1, target_hidden (S, T, K*H) = target
@@ -122,7 +133,7 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     input_ids = input_ids.long()
     s, t = input_ids.shape
     dev = input_ids.device
-    anchors, valid = sample_anchors(loss_mask, lengths, max_anchors, generator)
+    anchors, valid = sample_anchors(loss_mask, lengths, max_anchors, generator, anchor_spread)
     if anchors.shape[1] == 0:  # nothing to train: one inert block keeps the forward (and DDP) going
         anchors = torch.zeros(s, 1, dtype=torch.long, device=dev)
         valid = torch.zeros(s, 1, dtype=torch.bool, device=dev)
@@ -177,7 +188,8 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
         row_w = dpace_weights(full_ce.view(s * n, b), trained, dpace_alpha).reshape(-1)[rows]
         norm = trained.any(1).sum().to(row_w.dtype)
     else:
-        row_w, norm = flat_w[rows], flat_w.sum()
+        row_w = flat_w[rows]
+        norm = flat_w.sum() if loss_norm == "weights" else torch.tensor(float(rows.numel()), device=dev)
     value = (ce_rows * row_w).sum() / norm
     confidence_bce = extra / rows.numel()
     if confidence_weight:

@@ -24,7 +24,8 @@ def train_micro_batch(state: TrainState, item: Item, spec: TrainSpec, world_size
     with sync:
         loss, metrics = dflash_loss(model, item.batch, max_anchors=spec.max_anchors, gamma=spec.gamma,
                                     noise_std=spec.noise_std, generator=gen, loss=spec.loss,
-                                    dpace_alpha=spec.dpace_alpha, confidence_weight=spec.confidence_loss_weight)
+                                    dpace_alpha=spec.dpace_alpha, confidence_weight=spec.confidence_loss_weight,
+                                    loss_norm=spec.loss_norm, anchor_spread=spec.anchor_spread)
         (loss / spec.grad_accum).backward()
     accumulate(acc, metrics, tokens=item.batch.num_tokens)
     if not item.last:

@@ -56,6 +56,12 @@ FAMILY_LEVERS = {
     "family=dflash2": {"family": "dflash2"},  # the full vocabulary only (vLLM's DFlash2 has no d2t)
 }
 LEVERS.update(FAMILY_LEVERS)
+# where vLLM speculators' DFlash trainer (0.9.0) differs from the base recipe at equal data, shape and budget, each
+# alone and all together, over an 8,192-token draft vocabulary (every trained token of this target; a step several
+# times cheaper on these CPUs), beside that vocabulary's base, `draft_vocab=8192`
+V8K = {"draft_vocab_size": 8_192}
+PEER = {"adam_beta2": 0.999, "loss_norm": "positions", "anchor_spread": "batch", "weight_decay": 0.01}
+LEVERS.update({**{f"v8k+{k}={v}": {**V8K, k: v} for k, v in PEER.items()}, "v8k+peer": {**V8K, **PEER}})
 
 
 def digest(*parts) -> str:

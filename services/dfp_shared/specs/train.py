@@ -79,6 +79,7 @@ class TrainSpec(BaseModel):
     muon_lr: float = Field(0.02, gt=0, le=10, description="Muon's learning rate for the matrices (the `muon` optimizer).")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final learning rate as a share of the peak.")
     weight_decay: float = _within(0.0, 0, 10, "AdamW weight decay ({}).")
+    adam_beta2: float = Field(0.95, gt=0, lt=1, description="AdamW's second-moment decay (beta1 is 0.9), in (0, 1).")
     grad_clip: float = Field(1.0, gt=0, le=1e6, description="Global gradient-norm clip (at most 10^6).")
     seed: int = Field(0, ge=0, lt=1 << 63,
                       description="Seed of initialisation, shuffling, anchor sampling and noise (0..2^63-1).")
@@ -131,6 +132,12 @@ class TrainSpec(BaseModel):
         description="Target layers read (1..64 indexes, each 0..1023, and below the target's layer count); unset: "
                     "spread over 1..L-3.")
     max_anchors: int = _within(512, 1, 1 << 16, "Anchor positions sampled per sequence per step ({}).")
+    anchor_spread: Literal["sequence", "batch"] = Field(
+        "sequence", description="`sequence`: up to `max_anchors` anchors in each sequence; `batch`: up to `max_anchors` "
+                                "times the sequences, drawn uniformly over the batch's anchor positions.")
+    loss_norm: Literal["weights", "positions"] = Field(
+        "weights", description="Divisor of the `decay` loss's weighted sum: the sum of the weights, or the number of "
+                               "trained positions.")
     loss: LossKind = Field("decay", description="Weights of the block positions' cross-entropy: `decay`, fixed "
                                                  "exp(-(k-1)/gamma); `dpace`, D-PACE, from the drafter's own current "
                                                  "confidence, the derivative of the block's expected accepted length.")

@@ -6,7 +6,9 @@ Each anchor opens a block of B tokens: the anchor token at block position 0, the
 1..B-1, position ids ``a..a+B-1``. The block sees the projected target features of positions
 strictly before ``a`` and its own whole block. The output at block position k (1..B-1) is trained
 to be the sequence's token at ``a + k`` (no shift), weighted ``exp(-(k-1)/gamma)``, masked by the
-loss mask at ``a + k`` and by ``a + k < length``; the loss is normalised by the weights. Logits go
+loss mask at ``a + k`` and by ``a + k < length``; the loss is normalised by the weights (``loss_norm="positions"``:
+by the number of trained positions). ``anchor_spread="batch"`` draws ``max_anchors`` times the sequences anchors
+uniformly over the whole batch, so a sequence with more trained tokens gets more. Logits go
 through the frozen LM head in chunks; with several chunks each is recomputed in the backward pass,
 so only one chunk of logits is alive at a time.
 
@@ -39,8 +41,11 @@ from .wrappers import unwrap
 
 
 def sample_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, max_anchors: int,
-                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Anchor positions (S, N) sorted ascending and their validity (S, N); N = most valid anchors in a row."""
+                   generator: torch.Generator | None = None, spread: str = "sequence") -> tuple[torch.Tensor, torch.Tensor]:
+    """Anchor positions (S, N) sorted ascending and their validity (S, N); N = most valid anchors in a row.
+
+    ``spread="batch"``: up to ``max_anchors * S`` anchors drawn uniformly over the whole batch's anchor positions
+    (a row with more trained tokens gets more), not ``max_anchors`` in each row."""
     s, t = loss_mask.shape
     dev = loss_mask.device
     trained = loss_mask.bool()
@@ -52,6 +57,11 @@ def sample_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, max_anchors: 
     scores = torch.rand((s, t), generator=generator, device=gen_dev).to(dev)
     scores = torch.where(ok, scores, torch.full_like(scores, -1.0))
     k = min(max_anchors, t)
+    if spread == "batch" and s:
+        chosen = torch.zeros(s * t, dtype=torch.bool, device=dev)
+        chosen[torch.topk(scores.reshape(-1), min(max_anchors * s, s * t)).indices] = True
+        scores = torch.where(chosen.view(s, t), scores, torch.full_like(scores, -1.0))
+        k = t
     top, idx = torch.topk(scores, k, dim=1)
     valid = top >= 0
     n = int(valid.sum(1).max().item()) if s else 0
@@ -108,13 +118,15 @@ class LossRecipe:
     dpace_alpha: float = 0.5  # smoothing of the D-PACE confidences
     confidence_weight: float = 0.0  # weight of a DSpark drafter's confidence-head BCE
     distill_weight: float = 0.0  # share of the forward KL from the target's distribution (:mod:`.distill`)
+    loss_norm: str = "weights"  # the decay loss divided by its weights' sum, or by the trained positions
+    anchor_spread: str = "sequence"  # max_anchors in each sequence, or max_anchors times the sequences over the batch
 
     @classmethod
     def from_spec(cls, spec: Any) -> LossRecipe:
         """The recipe a train spec asks for."""
         return cls(max_anchors=spec.max_anchors, gamma=spec.gamma, noise_std=spec.noise_std, loss=spec.loss,
                    dpace_alpha=spec.dpace_alpha, confidence_weight=spec.confidence_loss_weight,
-                   distill_weight=spec.distill_weight)
+                   distill_weight=spec.distill_weight, loss_norm=spec.loss_norm, anchor_spread=spec.anchor_spread)
 
     def kwargs(self) -> dict[str, Any]:
         """The recipe as :func:`dflash_loss`'s keyword arguments."""
@@ -125,7 +137,8 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
                 generator: torch.Generator | None = None, logits_chunk: int = 4096,
                 attention_backend: str = "auto", loss: str = "decay",
                 dpace_alpha: float = 0.5, confidence_weight: float = 0.0,
-                distill_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+                distill_weight: float = 0.0, loss_norm: str = "weights",
+                anchor_spread: str = "sequence") -> tuple[torch.Tensor, dict]:
     """Weighted block cross-entropy of a batch and its metrics (``loss``: one of :data:`LOSSES`).
 
     The batch's input_ids (S, T) integer, loss_mask (S, T) 0/1, target_hidden (S, T, K*H) = target
@@ -152,7 +165,7 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     input_ids = input_ids.long()
     s, t = input_ids.shape
     dev = input_ids.device
-    anchors, valid = sample_anchors(loss_mask, lengths, max_anchors, generator)
+    anchors, valid = sample_anchors(loss_mask, lengths, max_anchors, generator, anchor_spread)
     if anchors.shape[1] == 0:  # nothing to train: one inert block keeps the forward (and DDP) going
         anchors = torch.zeros(s, 1, dtype=torch.long, device=dev)
         valid = torch.zeros(s, 1, dtype=torch.bool, device=dev)
@@ -183,14 +196,7 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
         return zero, {**_metrics(0.0, 0.0, torch.zeros_like(blocks), blocks, 0, b, out_of_vocab), "confidence_bce": 0.0}
     hidden = hidden.reshape(s * n * b, -1)
     ce_rows, extra, correct = _row_losses(model, hidden, rows, flat_labels, flat_prev, flat_w, logits_chunk)
-    trained = (weights > 0).view(s * n, b)
-    if loss == "dpace":
-        full_ce = torch.zeros_like(flat_w)
-        full_ce[rows] = ce_rows.detach()
-        row_w = dpace_weights(full_ce.view(s * n, b), trained, dpace_alpha).reshape(-1)[rows]
-        norm = trained.any(1).sum().to(row_w.dtype)
-    else:
-        row_w, norm = flat_w[rows], flat_w.sum()
+    row_w, norm = _row_weights(ce_rows, flat_w, rows, (weights > 0).view(s * n, b), loss, dpace_alpha, loss_norm)
     value = (ce_rows * row_w).sum() / norm
     value, distilled = mix_distill(value, model, hidden, rows, teacher, prev_pos, flat_prev, row_w, norm,
                                    distill_weight, logits_chunk)  # the cross-entropy alone at weight 0
@@ -200,6 +206,21 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     metrics = _metrics(float(value.detach()), float(norm), correct.view(s * n, b), scored.view(s * n, b).float(),
                        int(valid.sum()), b, out_of_vocab)
     return value, {**metrics, "confidence_bce": float(confidence_bce.detach()), **distilled}
+
+
+def _row_weights(ce_rows: torch.Tensor, flat_w: torch.Tensor, rows: torch.Tensor, trained: torch.Tensor, loss: str,
+                 dpace_alpha: float, loss_norm: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The trained rows' loss weights and the loss's normaliser: D-PACE's (normalised by the trained blocks), or
+    the decay weights, normalised by their sum (``loss_norm="weights"``) or by the trained positions."""
+    if loss == "dpace":
+        full_ce = torch.zeros_like(flat_w)
+        full_ce[rows] = ce_rows.detach()
+        row_w = dpace_weights(full_ce.view_as(trained), trained, dpace_alpha).reshape(-1)[rows]
+        return row_w, trained.any(1).sum().to(row_w.dtype)
+    row_w = flat_w[rows]
+    if loss_norm == "weights":
+        return row_w, flat_w.sum()
+    return row_w, torch.tensor(float(rows.numel()), device=flat_w.device)
 
 
 def _blocks(input_ids: torch.Tensor, anchors: torch.Tensor, mask_token_id: int, b: int, target_hidden: torch.Tensor,

@@ -37,7 +37,7 @@ class MuonAdamW(torch.optim.Optimizer):
     def __init__(self, matrices: list[torch.nn.Parameter], others: list[torch.nn.Parameter], spec: TrainSpec):
         self.parts = [torch.optim.Muon(matrices, lr=spec.muon_lr, weight_decay=spec.weight_decay)]
         if others:
-            self.parts.append(torch.optim.AdamW(others, lr=spec.lr, betas=(0.9, 0.95), eps=1e-8,
+            self.parts.append(torch.optim.AdamW(others, lr=spec.lr, betas=(0.9, spec.adam_beta2), eps=1e-8,
                                                 weight_decay=spec.weight_decay))
         super().__init__([*matrices, *others], {})
         self.param_groups = [g for part in self.parts for g in part.param_groups]  # what LR schedules scale
@@ -65,4 +65,4 @@ def make_optimizer(spec: TrainSpec, params: list[torch.nn.Parameter]) -> torch.o
     if spec.optimizer == "muon":
         matrices = [p for p in params if p.ndim == 2]
         return MuonAdamW(matrices, [p for p in params if p.ndim != 2], spec)
-    return torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=spec.weight_decay)
+    return torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, spec.adam_beta2), eps=1e-8, weight_decay=spec.weight_decay)

@@ -156,3 +156,33 @@ def test_bfloat16_drafter_over_float32_target_parts():
     loss.backward()
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     assert drafter.fc.weight.grad.dtype == torch.bfloat16 and drafter.lm_head.weight.dtype == torch.float32
+
+
+def test_loss_norm_positions_divides_the_weighted_sum_by_the_trained_positions():
+    drafter = small_drafter()
+    ids, loss_mask, feats, lengths = _batch()
+    batch = Batch(ids, loss_mask, lengths, target_hidden=feats)
+    by_weights, _ = dflash_loss(drafter, batch, max_anchors=5, gamma=3.0, generator=torch.Generator().manual_seed(1))
+    by_positions, metrics = dflash_loss(drafter, batch, max_anchors=5, gamma=3.0, loss_norm="positions",
+                                        generator=torch.Generator().manual_seed(1))
+    anchors, valid = sample_anchors(loss_mask, lengths, 5, torch.Generator().manual_seed(1))
+    _, weights = block_targets(ids, loss_mask, lengths, anchors, valid, drafter.config.block_size, 3.0)
+    trained = (weights > 0).sum()
+    assert metrics["num_trained_tokens"] == float(trained) and weights.sum() < trained
+    torch.testing.assert_close(by_positions, by_weights * weights.sum() / trained)
+
+
+def test_batch_spread_anchors_follow_the_trained_tokens():
+    loss_mask = torch.zeros(3, 64)
+    loss_mask[0, 2:60] = 1  # 57 anchor positions
+    loss_mask[1, 10:14] = 1  # 3
+    loss_mask[2, 30:50] = 1  # 19
+    lengths = torch.tensor([64, 64, 64])
+    anchors, valid = sample_anchors(loss_mask, lengths, 8, torch.Generator().manual_seed(0), spread="batch")
+    counts = valid.sum(1).tolist()
+    assert sum(counts) == 24 and counts[1] <= 3 and counts[0] > 8  # 8 x 3 in all, more where more is trained
+    for row, ok, mask in zip(anchors, valid, loss_mask):
+        a = row[ok]
+        assert bool((a.diff() > 0).all()) and bool(mask[a].all()) and bool(mask[a + 1].all())
+    small, small_valid = sample_anchors(loss_mask, lengths, 100, torch.Generator().manual_seed(0), spread="batch")
+    assert small_valid.sum(1).tolist() == [57, 3, 19]  # a budget above the positions takes them all

@@ -57,3 +57,12 @@ def test_a_muon_wsd_run_resumes_from_its_checkpoint_bit_for_bit(tmp_path, tiny_q
     assert ref_step == cut_step == 6 and ref_w.keys() == cut_w.keys()
     for name in ref_w:
         assert torch.equal(ref_w[name], cut_w[name]), name
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_adamw_takes_the_specs_beta2(optimizer):
+    params = [torch.nn.Parameter(torch.zeros(3, 3)), torch.nn.Parameter(torch.zeros(3))]
+    for fields, betas in (({}, (0.9, 0.95)), ({"adam_beta2": 0.999}, (0.9, 0.999))):
+        optim = make_optimizer(TrainSpec.model_validate({**SPEC, "optimizer": optimizer, **fields}), params)
+        adamw = optim.parts[1] if optimizer == "muon" else optim
+        assert adamw.param_groups[0]["betas"] == betas

@@ -62,6 +62,9 @@ LEVERS.update(FAMILY_LEVERS)
 V8K = {"draft_vocab_size": 8_192}
 PEER = {"adam_beta2": 0.999, "loss_norm": "positions", "anchor_spread": "batch", "weight_decay": 0.01}
 LEVERS.update({**{f"v8k+{k}={v}": {**V8K, k: v} for k, v in PEER.items()}, "v8k+peer": {**V8K, **PEER}})
+# what the target itself can teach, over the same vocabulary: its distribution, its layers as the start, both
+LEVERS.update({"v8k+init=target_layers": {**V8K, "init": "target_layers"}, "v8k+distill=0.5": {**V8K, "distill_weight": 0.5},
+               "v8k+distill=0.5+init": {**V8K, "distill_weight": 0.5, "init": "target_layers"}})
 
 
 def digest(*parts) -> str:

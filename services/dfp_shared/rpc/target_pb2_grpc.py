@@ -5,7 +5,7 @@ import warnings
 
 from dfp_shared.rpc import target_pb2 as dfp__shared_dot_rpc_dot_target__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

@@ -68,20 +68,8 @@ def test_real_workers_run_the_stages_in_order_and_the_trainer_s_error_fails_the_
                                   block_ms=200)
     trainer = Worker(TaskQueue(redis_client, "train"), JobStore(redis_client),
                      TrainHandler(TrainerSettings(redis_url=redis_server.url, device="cpu"), redis_client), block_ms=200)
-    workers = [generation, tokenizer, trainer]
-    threads = [_worker_thread(generation), tokenizer_thread, _worker_thread(trainer)]
-    try:
-        deadline = time.monotonic() + 240
-        while api.get(f"/v1/jobs/{pid}").json()["state"] not in ("succeeded", "failed", "cancelled"):
-            assert time.monotonic() < deadline, api.get(f"/v1/jobs/{pid}").json()
-            time.sleep(0.2)
-    finally:
-        for w in workers:
-            w.stopping.set()
-        for t in threads:
-            t.join(30)
-
-    job = api.get(f"/v1/jobs/{pid}").json()
+    job = _run_until_done(api, pid, [generation, tokenizer, trainer],
+                          [_worker_thread(generation), tokenizer_thread, _worker_thread(trainer)])
     stages = {s: api.get(f"/v1/jobs/{job['outputs'][f'{s}_job']}").json() for s in ("generate", "tokenize", "train")}
     assert stages["generate"]["state"] == stages["tokenize"]["state"] == "succeeded"
     assert stages["tokenize"]["counters"]["samples"] == 3  # every completion the generate stage wrote
@@ -175,19 +163,7 @@ def test_a_pipeline_without_generate_trains_on_the_prompt_set_s_own_answers(
     tokenizer, tokenizer_thread = start_worker(redis_client, encoders)
     trainer = Worker(TaskQueue(redis_client, "train"), JobStore(redis_client),
                      TrainHandler(TrainerSettings(redis_url=redis_server.url, device="cpu"), redis_client), block_ms=200)
-    threads = [tokenizer_thread, _worker_thread(trainer)]
-    try:
-        deadline = time.monotonic() + 240
-        while api.get(f"/v1/jobs/{pid}").json()["state"] not in ("succeeded", "failed", "cancelled"):
-            assert time.monotonic() < deadline, api.get(f"/v1/jobs/{pid}").json()
-            time.sleep(0.2)
-    finally:
-        for w in (tokenizer, trainer):
-            w.stopping.set()
-        for t in threads:
-            t.join(30)
-
-    job = api.get(f"/v1/jobs/{pid}").json()
+    job = _run_until_done(api, pid, [tokenizer, trainer], [tokenizer_thread, _worker_thread(trainer)])
     assert "generate_job" not in job["outputs"]
     stages = {s: api.get(f"/v1/jobs/{job['outputs'][f'{s}_job']}").json() for s in ("tokenize", "train")}
     assert job["state"] == stages["train"]["state"] == "succeeded", job
@@ -210,3 +186,18 @@ def test_a_pipeline_without_generate_needs_tokenize_s_input_inside_the_roots(api
     assert outside.status_code == 422
     fields = {f["field"]: f["reason"] for f in outside.json()["fields"]}
     assert set(fields) == {"spec.tokenize.input"} and "outside the allowed storage" in fields["spec.tokenize.input"]
+
+
+def _run_until_done(api, pid: str, workers: list, threads: list, timeout_s: float = 240) -> dict:
+    """Wait (bounded) until the pipeline ``pid`` ends, stop the workers and their threads; the job's record."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while api.get(f"/v1/jobs/{pid}").json()["state"] not in ("succeeded", "failed", "cancelled"):
+            assert time.monotonic() < deadline, api.get(f"/v1/jobs/{pid}").json()
+            time.sleep(0.2)
+    finally:
+        for w in workers:
+            w.stopping.set()
+        for t in threads:
+            t.join(30)
+    return api.get(f"/v1/jobs/{pid}").json()

@@ -126,7 +126,7 @@ def generate(model_dir: Path, prompts: Path, max_new_tokens: int, out: Path, *, 
     return figures
 
 
-def tokenize(model_dir: Path, completions: Path, out: Path, *, thinking: bool = True) -> None:
+def tokenize(model_dir: Path, completions: Path, out: Path, *, thinking: bool = True, max_length: int = 1024) -> None:
     from dfp_dev.local.redis_server import RedisServer
     from dfp_tokenizer.local import run_job
     from dfp_tokenizer.settings import TokenizerSettings
@@ -135,7 +135,7 @@ def tokenize(model_dir: Path, completions: Path, out: Path, *, thinking: bool = 
     try:
         settings = TokenizerSettings(redis_url=redis.url, storage_url=f"file://{out.parent}", processes="1")
         rec, _ = run_job(settings, {"input": f"file://{completions}/completions/", "output": f"file://{out}",
-                                    "tokenizer": f"file://{model_dir}", "thinking": thinking, "max_length": 1024,
+                                    "tokenizer": f"file://{model_dir}", "thinking": thinking, "max_length": max_length,
                                     "truncation": "truncate"})
         if rec.state.value != "succeeded":
             raise RuntimeError(f"tokenize job {rec.state.value}: {rec.error}")
@@ -180,7 +180,7 @@ def untrained_export(model_dir: Path, trained: Path, out: Path, init: str = "ran
 
 
 def evaluate(model_dir: Path, drafter: Path, prompt_sets: list[Path], prompts: int, max_new_tokens: int, out: Path,
-             *, thinking: bool = True) -> None:
+             *, thinking: bool = True, batch_size: int = 8) -> None:
     """The evaluate job's decoding on each prompt set: DFlash and n-gram speculation beside greedy."""
     from dfp_shared.specs.evaluate import EvaluateSpec
     from dfp_trainer.evaluate.job import evaluate_job
@@ -188,7 +188,7 @@ def evaluate(model_dir: Path, drafter: Path, prompt_sets: list[Path], prompts: i
     spec = EvaluateSpec.model_validate({"drafter": f"file://{drafter}", "target": f"file://{model_dir}",
                                         "prompts": [f"file://{p}" for p in prompt_sets], "output": f"file://{out}",
                                         "max_prompts": prompts, "max_new_tokens": max_new_tokens,
-                                        "enable_thinking": thinking})
+                                        "enable_thinking": thinking, "batch_size": batch_size})
     evaluate_job(spec, device="cpu")
 
 

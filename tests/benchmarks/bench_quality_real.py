@@ -29,6 +29,7 @@ import argparse
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -38,6 +39,7 @@ from pathlib import Path
 
 import _common  # noqa: F401 - import path
 import bench_quality
+import quality_curve
 from _common import report
 from bench_quality import Stages, digest, read_records, untrained_export, write_prompts
 
@@ -48,6 +50,7 @@ evaluate = functools.partial(bench_quality.evaluate, thinking=False)
 
 SEED = 0
 HELD_OUT_ONE_IN = 20
+TOKENS_PER_STEP = 1024  # the recipes' padded tokens per optimiser step (bench_quality.train)
 UNTRAINED_PROMPTS = 8  # per set: the untrained drafter's tau is 1.0 give or take a lucky draft
 MAX_PROMPT_CHARS = 1500  # first turns longer than this are left out (CPU budget)
 BASE_RECIPE = {"block_size": 8, "gamma": 4.0, "max_anchors": 16, "num_draft_layers": 2, "loss": "decay",
@@ -168,6 +171,89 @@ def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, lever: bo
     return figures
 
 
+def curve_point(stages: Stages, ctx: dict, size: int, records: list[dict], recipes: dict, epochs: float,
+                eval_batch: int) -> list[dict]:
+    """One data size of the curve: its own answers tokenized, every recipe trained ``epochs`` passes over them
+    (the target's hidden states cached once per size, shared by the recipes), each evaluated on MT-Bench and the
+    held-out slice."""
+    model, chosen = ctx["model"], records[:size]
+    answers_key = digest(model.name, chosen, quality_curve.SAMPLE_MAX_TOKENS)
+    answers = stages.run(f"answers.{size}", answers_key, lambda out: quality_curve.write_completions(chosen, out))
+    dataset = stages.run(f"tokenize-answers.{size}", answers_key, lambda out: tokenize(
+        model, answers, out, max_length=quality_curve.SAMPLE_MAX_TOKENS))
+    tokens, trained = quality_curve.dataset_tokens(dataset, quality_curve.SAMPLE_MAX_TOKENS)
+    steps = max(20, math.ceil(epochs * tokens / TOKENS_PER_STEP))
+    points = []
+    for name, recipe in recipes.items():
+        key = digest(answers_key, recipe, steps)
+        run = stages.run(f"train-curve.{name}.{size}", key, lambda out, r=recipe: train(model, dataset, r, steps, out))
+        evaluated = stages.run(f"evaluate-curve.{name}.{size}", digest(key, ctx["eval_key"], eval_batch), lambda out, run=run: evaluate(
+            model, run / "drafter", [ctx["mtbench"], ctx["heldout"]], ctx["eval_prompts"], ctx["eval_new_tokens"], out,
+            batch_size=eval_batch))
+        mt, held = json.loads((evaluated / "evaluation.json").read_text())["sets"]
+        point = {"recipe": name, "conversations": len(chosen), "tokens": tokens, "trained_tokens": trained,
+                 "steps": steps, "tau_mtbench": mt["dflash"]["tau"], "tau_ngram_mtbench": mt["ngram"]["tau"],
+                 "tau_heldout": held["dflash"]["tau"], "tau_ngram_heldout": held["ngram"]["tau"],
+                 "mtbench_prompts": len(mt["per_prompt"]), "heldout_prompts": len(held["per_prompt"]),
+                 "position_acceptance_mtbench": [round(p, 3) for p in mt["dflash"]["position_acceptance"]],
+                 "outputs_equal": all(p["outputs_equal"] for s in (mt, held) for p in s["per_prompt"]),
+                 "eval_tokens_per_s": round(mt["dflash"]["tokens_per_s"], 2),
+                 "train_seconds": stages.times[f"train-curve.{name}.{size}"],
+                 "eval_seconds": stages.times[f"evaluate-curve.{name}.{size}"], **bench_quality.train_figures(run)}
+        print(f"  curve {name} @ {size} conversations ({trained:,} trained tokens, {steps} steps): "
+              f"MT-Bench {point['tau_mtbench']:.3f} (n-gram {point['tau_ngram_mtbench']:.3f}), held-out "
+              f"{point['tau_heldout']:.3f} (n-gram {point['tau_ngram_heldout']:.3f})", flush=True)
+        points.append(point)
+    return points
+
+
+def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
+    """The data-scaling mode: τ against trained tokens for each recipe, fitted, plotted and reported."""
+    from dfp_dev.prompt_sets import sharegpt_file
+
+    sizes = sorted({int(n) for n in args.curve.split(",") if n})
+    names = [n for n in args.curve_recipes.split(",") if n]
+    unknown = set(names) - set(LEVERS) - {"base"}
+    if unknown:
+        raise SystemExit(f"--curve-recipes: unknown {sorted(unknown)}; choose base or of {list(LEVERS)}")
+    recipes = {n: BASE_RECIPE if n == "base" else {**BASE_RECIPE, **LEVERS[n]} for n in names}
+    records, counts = quality_curve.own_answers(sharegpt_file(), HELD_OUT_ONE_IN, MAX_PROMPT_CHARS, max(sizes))
+    print(f"  own answers: {counts}; sizes {sizes} of {len(records)} available", flush=True)
+    points = [p for size in sizes if size <= len(records) for p in curve_point(
+        stages, ctx, size, records, recipes, args.curve_epochs, args.eval_batch)]
+    curves = {}
+    for name in names:
+        mine = [p for p in points if p["recipe"] == name]
+        fits = {key: quality_curve.fit_log([(p["trained_tokens"], p[f"tau_{key}"]) for p in mine])
+                for key in ("mtbench", "heldout")}
+        ngram = {key: sum(p[f"tau_ngram_{key}"] for p in mine) / len(mine) for key in ("mtbench", "heldout")}
+        plan = {f"{key}_{label}": quality_curve.tokens_for(fits[key], factor * ngram[key])
+                for key in ("mtbench", "heldout") for label, factor in (("1.5x_ngram", 1.5), ("2x_ngram", 2.0))}
+        curves[name] = {"points": mine, "fits": fits, "tau_ngram": ngram, "trained_tokens_for": plan}
+    picture = quality_curve.plot(curves, Path(args.curve_plot))
+    print(f"\n{'recipe':>18}  {'conv':>5}  {'trained tok':>11}  {'steps':>5}  {'MT-Bench':>8}  {'n-gram':>6}  "
+          f"{'held-out':>8}  {'n-gram':>6}  per-position (MT-Bench)")
+    for p in points:
+        print(f"{p['recipe']:>18}  {p['conversations']:5d}  {p['trained_tokens']:11,d}  {p['steps']:5d}  "
+              f"{p['tau_mtbench']:8.3f}  {p['tau_ngram_mtbench']:6.3f}  {p['tau_heldout']:8.3f}  "
+              f"{p['tau_ngram_heldout']:6.3f}  {p['position_acceptance_mtbench']}")
+    for name, c in curves.items():
+        print(f"{name}: fit MT-Bench {c['fits']['mtbench']}, held-out {c['fits']['heldout']}; trained tokens the "
+              f"fit needs: {c['trained_tokens_for']}")
+    print(f"plot: {picture}; stage wall times (s): {stages.times}")
+    best = max(curves, key=lambda n: curves[n]["points"][-1]["tau_mtbench"])
+    last = curves[best]["points"][-1]
+    report("quality_curve", "tokens/step", last["tau_mtbench"], last["tau_ngram_mtbench"], float(BASE_RECIPE["block_size"]),
+           recipe=best, tau_mtbench=round(last["tau_mtbench"], 3), tau_ngram_mtbench=round(last["tau_ngram_mtbench"], 3),
+           tau_heldout=round(last["tau_heldout"], 3), trained_tokens=last["trained_tokens"], target=ctx["model"].name,
+           data="ShareGPT answers as they are", epochs=args.curve_epochs, sample_max_tokens=quality_curve.SAMPLE_MAX_TOKENS,
+           curves={n: {"points": [{k: p[k] for k in ("conversations", "trained_tokens", "steps", "tau_mtbench",
+                                                     "tau_ngram_mtbench", "tau_heldout", "tau_ngram_heldout",
+                                                     "outputs_equal", "train_seconds", "eval_seconds")}
+                                  for p in c["points"]], "fits": c["fits"], "trained_tokens_for": c["trained_tokens_for"]}
+                   for n, c in curves.items()}, stage_seconds=stages.times, plot=str(picture) if picture else None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
@@ -189,6 +275,14 @@ def main() -> None:
     ap.add_argument("--lever-eval-prompts", type=int, default=16, help="MT-Bench prompts each lever's drafter is "
                                                                       "evaluated on (the base: --eval-prompts).")
     ap.add_argument("--only", default=None, help=f"Comma-separated levers (of {', '.join(LEVERS)}); implies --levers.")
+    ap.add_argument("--curve", default=None, metavar="SIZES",
+                    help="Data-scaling mode: comma-separated numbers of ShareGPT conversations whose own first answers "
+                         "are trained on (e.g. 128,256,512,1024); τ against trained tokens per recipe, fitted and "
+                         "plotted. No generation runs.")
+    ap.add_argument("--curve-recipes", default="base", help="Recipes of the curve: base and levers' names, comma-separated.")
+    ap.add_argument("--curve-epochs", type=float, default=2.0, help="Passes over each size's data.")
+    ap.add_argument("--curve-plot", default="tau_curve.png", help="Where the curve's plot is written (PNG).")
+    ap.add_argument("--eval-batch", type=int, default=16, help="Prompts the curve's evaluations decode at once.")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
 
@@ -206,6 +300,12 @@ def main() -> None:
     began = time.perf_counter()
     prompts = prepare_prompts(work, args.train_prompts, args.heldout_prompts)
     stages.times["prompts"] = round(time.perf_counter() - began, 1)
+    if args.curve:
+        return run_curve(args, stages, {
+            "model": model, "mtbench": prompts["mtbench"], "heldout": prompts["heldout"], "eval_prompts": args.eval_prompts,
+            "eval_new_tokens": args.eval_new_tokens,
+            "eval_key": digest(model.name, read_records(prompts["heldout"]), args.eval_prompts, args.eval_new_tokens)},
+            prompts)
     train_records = read_records(prompts["train"])
 
     gen_key = digest(model.name, train_records, args.max_new_tokens, args.engine)

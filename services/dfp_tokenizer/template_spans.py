@@ -23,11 +23,16 @@ An assistant turn's generated region starts after the template's generation prom
 print it whole, e.g. Qwen3's non-thinking prompt with its empty ``<think>`` block before a turn
 that has none, the prompt the template appends with thinking on) and ends after the
 end-of-turn token that follows its content (the first special token the template prints after an
-assistant message, e.g. ``<|im_end|>``), so it includes a ``<think>`` block and tool calls.
+assistant message, e.g. ``<|im_end|>``), so it includes a ``<think>`` block and tool calls. Both are
+searched among the template's own prints of those texts only: the same text inside a content, a
+reasoning, a tool call's arguments or a tool definition (where the tokenizer reads it as the same special
+token) is told apart by a second render with such occurrences replaced by markers, and is never taken
+for a turn's bound.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import dataclass
@@ -280,6 +285,8 @@ class TemplateLocator:
 
     def _turns(self, messages: list[dict], text: str, spans: dict, overrides: dict) -> list[TurnSpan]:
         bounds = sorted(spans.values())
+        own_at = self._template_own(messages, text, overrides)
+        eot = self.end_of_turn
         turns = []
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
@@ -297,44 +304,127 @@ class TemplateLocator:
                 own = [(start, start)]
             first, last = min(a for a, _ in own), max(b for _, b in own)
             prev_end = max((b for a, b in bounds if b <= first and (a, b) not in own), default=0)
-            if self.end_of_turn:  # after the previous turn's end, where no text of its own was located
-                k = text.rfind(self.end_of_turn, prev_end, first)
-                prev_end = prev_end if k < 0 else k + len(self.end_of_turn)
+            if eot:  # after the previous turn's end, where no text of its own was located
+                k = _last_in(own_at[eot], prev_end, first - len(eot))
+                prev_end = prev_end if k is None else k + len(eot)
             gen_start = first
             for g in self.generation_prompts if c or r or tools else ():
-                k = text.rfind(g, prev_end, first)
-                if k >= 0:
+                k = _last_in(own_at[g], prev_end, first - len(g))
+                if k is not None:
                     gen_start = k + len(g)
                     break
             nxt = min((a for a, b in bounds if a >= last and (a, b) not in own), default=len(text))
             gen_end = last
-            if self.end_of_turn:
-                eot = self.end_of_turn
-                k = text.find(eot, last, nxt)
-                # tool calls print their arguments after the last located text: skip the end-of-turn
-                # look-alikes inside them (up to the last one before the next turn's text)
-                inside = _printed_after(m["tool_calls"], bool(tools)).count(eot) if m.get("tool_calls") else 0
-                while k >= 0 and inside:
-                    nk = text.find(eot, k + len(eot), nxt)
-                    if nk < 0:
-                        break
-                    k, inside = nk, inside - 1
-                if k >= 0:
+            if eot:  # the template's own end-of-turn token (not one in the arguments of the turn's tool calls)
+                k = _first_in(own_at[eot], last, nxt - len(eot))
+                if k is not None:
                     gen_end = k + len(eot)
             turns.append(TurnSpan(i, gen_start, gen_end, r, c))
         return turns
 
+    def _template_own(self, messages: list[dict], text: str, overrides: dict) -> dict[str, list[int]]:
+        """Where in ``text`` the template itself prints its end-of-turn token and its generation prompts
+        (the texts the turn boundaries are searched by), by text, apart from the same texts inside the
+        conversation's own strings (contents, reasoning, tool calls, tool definitions), which a turn's
+        bounds must not stop at.
 
-def _printed_after(calls: list, names_located: bool) -> str:
-    """The text of the tool calls that a template prints after the last located span of their turn: the
-    last call's arguments when its name was located, else every call (as JSON: keys and values verbatim)."""
-    calls = calls[-1:] if names_located else calls
+        Where the conversation holds none of them every occurrence is the template's. Otherwise the
+        conversation is rendered once more with each such occurrence replaced by a marker: the markers
+        mark the conversation's occurrences. Where the template does not print those strings verbatim (the
+        second render, markers put back, is not ``text``) and they appear in ``text`` more often than the
+        template prints them itself, the two cannot be told apart: the sample is refused
+        (``template_alignment``, naming the field) rather than trained on a guessed span."""
+        own_at = {s: _occurrences(text, s) for s in (self.end_of_turn, *self.generation_prompts) if s}
+        # (a text of whitespace only, which no marker can stand for, is taken as the template's wherever it is)
+        sentinels = sorted((s for s in own_at if s.strip()), key=len, reverse=True)
+        tools = overrides.get("tools", self.variables.get("tools"))
+        found = [w for w, v in _strings_of(messages, tools) if any(s in v for s in sentinels)]
+        if not found:
+            return own_at
+        open_, close = self._markers(messages)
+        # a marker stands for a text less its surrounding whitespace, which stays: templates that strip a
+        # content strip the same characters with the markers in
+        mark = {s: s[:len(s) - len(s.lstrip())] + f"{open_}s{n}{close}" + s[len(s.rstrip()):]
+                for n, s in enumerate(sentinels)}
+        pattern = re.compile("|".join(re.escape(s) for s in sentinels))
+
+        def swap(value):
+            if isinstance(value, str):
+                return pattern.sub(lambda x: mark[x.group(0)], value)
+            if isinstance(value, dict):
+                return {swap(k): swap(v) if k != "role" else v for k, v in value.items()}
+            if isinstance(value, list):
+                return [swap(v) for v in value]
+            return value
+
+        try:
+            marked = self.render(self.template_messages(swap(messages)),
+                                 **({**overrides, "tools": swap(tools)} if tools is not None else overrides))
+        except MemoryError:
+            raise
+        except Exception:  # noqa: BLE001
+            marked = None
+        if marked is not None:
+            pieces = re.split(f"{open_}s(\\d+){close}", marked)
+            pos, restored, mine = 0, [], {s: [] for s in sentinels}
+            for n, piece in enumerate(pieces):
+                if n % 2:
+                    piece = sentinels[int(piece)].strip()
+                else:
+                    for s in sentinels:
+                        mine[s] += [pos + k for k in _occurrences(piece, s)]
+                restored.append(piece)
+                pos += len(piece)
+            if "".join(restored) == text:
+                return {**own_at, **mine}
+            if all(len(mine[s]) == len(own_at[s]) for s in sentinels):
+                return own_at  # printed otherwise (escaped, cut): every occurrence left in the text is the template's
+        raise SampleError(TEMPLATE_ALIGNMENT, f"{found[0]} holds the chat template's "
+                                              "end-of-turn or generation prompt text where the template does not "
+                                              "print it verbatim: the turn's end cannot be told apart from it")
+
+
+def _occurrences(text: str, sub: str) -> list[int]:
+    out, k = [], text.find(sub)
+    while k >= 0:
+        out.append(k)
+        k = text.find(sub, k + 1)
+    return out
+
+
+def _first_in(positions: list[int], lo: int, hi: int) -> int | None:
+    """The first of the sorted ``positions`` in [lo, hi]."""
+    k = bisect.bisect_left(positions, lo)
+    return positions[k] if k < len(positions) and positions[k] <= hi else None
+
+
+def _last_in(positions: list[int], lo: int, hi: int) -> int | None:
+    """The last of the sorted ``positions`` in [lo, hi]."""
+    k = bisect.bisect_right(positions, hi) - 1
+    return positions[k] if k >= 0 and positions[k] >= lo else None
+
+
+def _strings_of(messages: list[dict], tools) -> list[tuple[str, str]]:
+    """Every string of the conversation (its keys included), with where it is (``message 2 tool_calls``)."""
     out = []
-    for call in calls:
-        fn = call.get("function") if isinstance(call, dict) and isinstance(call.get("function"), dict) else call
-        args = fn.get("arguments") if isinstance(fn, dict) else fn
-        out.append(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False, default=str))
-    return "".join(out)
+
+    def walk(where, value):
+        if isinstance(value, str):
+            out.append((where, value))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(where, k)
+                walk(where, v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(where, v)
+
+    for i, m in enumerate(messages):
+        for k, v in m.items():
+            if k != "role":
+                walk(f"message {i} {k}", v)
+    walk("the tool definitions", tools)
+    return out
 
 
 def _canonical(value) -> str | None:

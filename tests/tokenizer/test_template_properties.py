@@ -126,3 +126,39 @@ def test_property_real_templates(real_template_tokenizers, name):
         check_conversation(tokenizer, prefix_expected(tokenizer, END_OF_TURN[name], tools), convo, thinking)
 
     run()
+
+
+def _call(args):
+    return {"type": "function", "function": {"name": "lookup", "arguments": args}}
+
+
+def end_of_turn_examples(eot: str) -> dict:
+    """Conversations holding an end-of-turn text in an assistant's content and in tool-call arguments, with
+    empty turns after them (no located text of their own to stop a turn's end at)."""
+    args = {"q": f"stop {eot} here {eot}", "n": 1}
+    return {
+        "assistant_content": [{"role": "user", "content": "u"}, {"role": "assistant", "content": f"a{eot}b"},
+                              {"role": "user", "content": ""}, {"role": "assistant", "content": eot}],
+        "user_content": [{"role": "user", "content": f"{eot}<｜Assistant｜>"}, {"role": "assistant", "content": "a"},
+                         {"role": "user", "content": eot}, {"role": "assistant", "content": f"b {eot}"}],
+        **{f"tool_arguments_{kind}": [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a", "tool_calls": [_call(json.dumps(args, ensure_ascii=False) if kind == "string" else args)]},
+            {"role": "tool", "content": ""}, {"role": "assistant", "content": ""},
+            {"role": "user", "content": "v"}, {"role": "assistant", "content": f"b{eot}"}]
+           for kind in ("string", "object")},
+    }
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("eot", ["deepseek_v3", "own"])
+@pytest.mark.parametrize("case", sorted(end_of_turn_examples("")))
+@pytest.mark.parametrize("name", REAL_TEMPLATES)
+def test_end_of_turn_text_in_contents_and_arguments(real_template_tokenizers, name, case, eot, thinking):
+    """The end-of-turn text (DeepSeek V3's, and each template's own) inside a content or a tool call's
+    arguments is trained as text of its turn, never taken for the turn's end: each trained run is exactly
+    its turn, none runs on into the next."""
+    tokenizer = real_template_tokenizers[name]
+    text = END_OF_TURN["deepseek_v3" if eot == "deepseek_v3" else name]
+    convo = (end_of_turn_examples(text)[case], None)
+    check_conversation(tokenizer, prefix_expected(tokenizer, END_OF_TURN[name], None), convo, thinking)

@@ -46,6 +46,7 @@ def _errors(model: type[BaseModel], **fields) -> dict[tuple, str]:
     (TrainSpec, "adam_beta2", 0.0),
     (TrainSpec, "loss_norm", "tokens"),
     (TrainSpec, "anchor_spread", "row"),
+    (TrainSpec, "labels", "argmax"),
     (TrainSpec, "grad_clip", math.inf),
     (TrainSpec, "seed", 2 ** 63),
     (TrainSpec, "seed", -1),

@@ -28,8 +28,8 @@ class CacheSpec(BaseModel):
         description="Target layers cached (1..64 indexes, each 0..1023, and below the target's layer count); unset: "
                     "the train job's default for `num_draft_layers`.")
     distill: bool = Field(False, description="Also cache the target's last layer (after its final norm), after the "
-                                             "drafter's: what a train job with `distill_weight` > 0 reads its "
-                                             "teacher's logits from.")
+                                             "drafter's: what a train job with `distill_weight` > 0 or `labels: "
+                                             "target_argmax` reads the teacher's logits from.")
     target_endpoint: TargetEndpointName | None = Field(
         None, description="Name of a hidden-state source the operator configured on the trainers "
                           "(DFLASH_TARGET_ENDPOINTS; `default` is DFLASH_TARGET_URL); unset: `default`.")

@@ -20,6 +20,8 @@ DrafterFamily = Literal["dflash", "dspark", "dflash2"]
 """Drafter families the trainer builds: DFlash, DSpark (DFlash plus a sequential Markov head and an optional
 confidence head) and DFlash2 (DFlash plus in-block grouped convolutions and a top-k candidate selector)."""
 LossKind = Literal["decay", "dpace"]
+LabelSource = Literal["data", "target_argmax"]
+"""What a draft position is trained toward: the dataset's next token, or the target's greedy next token."""
 """Position weightings of the block cross-entropy: fixed exp(-(k-1)/gamma) decay, or D-PACE (the trainer's objective)."""
 TargetEndpointName = endpoint_name("hidden-state target")
 LayerId = Annotated[int, Field(ge=0, le=1023)]
@@ -150,6 +152,11 @@ class TrainSpec(BaseModel):
                                     "against the target's next-token distribution there (its LM head on its last "
                                     "layer, which the run then also reads from the target or the cache), weighted "
                                     "as the cross-entropy; (1 - w) CE + w KL; 0: cross-entropy only.")
+    labels: LabelSource = Field(
+        "data", description="What each draft position is trained toward: `data`, the dataset's next token; "
+                            "`target_argmax`, the target's own greedy next token there (its LM head on its last layer, "
+                            "read as distillation's teacher is): what greedy verification accepts, on answers the "
+                            "target did not write (a prompt set's own answers).")
     noise_std: float = _within(0.0, 0, 100, "Std of Gaussian noise added to target features in training ({}).")
     checkpoint_every: int = Field(500, ge=1, le=MAX_STEPS, description="Steps between checkpoints (one is also written at SIGTERM).")
     keep_checkpoints: int = _within(3, 1, 1000, "Most recent checkpoints kept ({}).")

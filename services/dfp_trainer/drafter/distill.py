@@ -43,7 +43,7 @@ def teacher_layer_ids(num_layers: int, distill: bool, layer_ids: list[int]) -> l
     if not distill:
         return []
     if num_layers - 1 in layer_ids:
-        raise ValueError(f"distill_weight: the drafter reads the target's last layer ({num_layers - 1}) among its "
+        raise ValueError(f"distill_weight / labels target_argmax: the drafter reads the target's last layer ({num_layers - 1}) among its "
                          f"target_layer_ids {list(layer_ids)}, the layer the teacher's logits come from; choose "
                          "earlier layers")
     return [num_layers - 1]
@@ -53,23 +53,25 @@ def check_teacher_target(config: dict) -> None:
     """ValueError when the target's logits are not exactly ``lm_head`` of its final-normed last layer."""
     found = [name for name in UNSUPPORTED_TARGET_FIELDS if config.get(name) not in (None, 0, 0.0, 1, 1.0)]
     if found:
-        raise ValueError(f"distill_weight: the target's logits are not its LM head's alone ({', '.join(found)} "
+        raise ValueError(f"distill_weight / labels target_argmax: the target's logits are not its LM head's alone ({', '.join(found)} "
                          "set), so its last layer's states do not give its distribution")
 
 
 def split_teacher(target_hidden: torch.Tensor | None, width: int, hidden_size: int,
-                  distill_weight: float) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                  distill_weight: float, required: bool | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The drafter's features (S, T, width) and the teacher's states (S, T, H), or None when the batch has none.
 
     A batch whose features are ``width + H`` wide carries the teacher in its last ``H`` columns (read only
-    when ``distill_weight`` > 0); distilling without them is an error."""
+    when ``distill_weight`` > 0 or the labels are the target's, ``required``); needing them without them is an
+    error."""
     if not 0 <= distill_weight <= 1:
         raise ValueError(f"distill_weight must be in [0, 1]; got {distill_weight}")
     if target_hidden is not None and target_hidden.shape[-1] == width + hidden_size:
         return target_hidden[..., :width], target_hidden[..., width:]
-    if distill_weight > 0:
+    if distill_weight > 0 if required is None else required:
         got = None if target_hidden is None else target_hidden.shape[-1]
-        raise ValueError(f"distill_weight {distill_weight} needs the target's last layer after the drafter's "
+        why = f"distill_weight {distill_weight}" if distill_weight > 0 else "the target's labels (target_argmax)"
+        raise ValueError(f"{why} needs the target's last layer after the drafter's "
                          f"features: target_hidden of width {width} + {hidden_size}, got {got}")
     return target_hidden, None
 
@@ -87,6 +89,16 @@ def teacher_rows(teacher: torch.Tensor, prev_pos: torch.Tensor, rows: torch.Tens
 def teacher_logits(lm_head: torch.nn.Linear, states: torch.Tensor) -> torch.Tensor:
     """The target's float32 logits (rows, V) from its final-normed last-layer states (rows, H)."""
     return lm_head(states.to(lm_head.weight.dtype)).float()
+
+
+@torch.no_grad()
+def argmax_labels(lm_head: torch.nn.Linear, teacher: torch.Tensor, prev_pos: torch.Tensor, rows: torch.Tensor,
+                  chunk: int) -> torch.Tensor:
+    """The target's greedy next token (rows,) of the block ``rows``: the argmax of its logits at the sequence
+    position before each (``teacher`` (S, T, H), ``prev_pos`` (S, N*B)), ``chunk`` rows of logits at a time."""
+    states = teacher_rows(teacher, prev_pos, rows)
+    return torch.cat([teacher_logits(lm_head, states[i:i + chunk]).argmax(-1)
+                      for i in range(0, states.shape[0], chunk)] or [rows.new_zeros(0)])
 
 
 def drafter_logits(model, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:

@@ -31,12 +31,12 @@ from dataclasses import dataclass, fields
 from typing import Any, get_args
 
 import torch
-from dfp_shared.specs.train import LossKind
+from dfp_shared.specs.train import LabelSource, LossKind
 from torch.utils.checkpoint import checkpoint
 
 from .attention import training_masks
 from .batch import Batch
-from .distill import mix_distill, split_teacher
+from .distill import argmax_labels, mix_distill, split_teacher
 from .wrappers import unwrap
 
 
@@ -87,6 +87,7 @@ def block_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, lengths: tor
 
 
 LOSSES = get_args(LossKind)
+LABEL_SOURCES = get_args(LabelSource)
 
 
 def dpace_weights(ce: torch.Tensor, trained: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -120,13 +121,15 @@ class LossRecipe:
     distill_weight: float = 0.0  # share of the forward KL from the target's distribution (:mod:`.distill`)
     loss_norm: str = "weights"  # the decay loss divided by its weights' sum, or by the trained positions
     anchor_spread: str = "sequence"  # max_anchors in each sequence, or max_anchors times the sequences over the batch
+    label_source: str = "data"  # one of LABEL_SOURCES: the data's next token, or the target's greedy one
 
     @classmethod
     def from_spec(cls, spec: Any) -> LossRecipe:
         """The recipe a train spec asks for."""
         return cls(max_anchors=spec.max_anchors, gamma=spec.gamma, noise_std=spec.noise_std, loss=spec.loss,
                    dpace_alpha=spec.dpace_alpha, confidence_weight=spec.confidence_loss_weight,
-                   distill_weight=spec.distill_weight, loss_norm=spec.loss_norm, anchor_spread=spec.anchor_spread)
+                   distill_weight=spec.distill_weight, loss_norm=spec.loss_norm, anchor_spread=spec.anchor_spread,
+                   label_source=spec.labels)
 
     def kwargs(self) -> dict[str, Any]:
         """The recipe as :func:`dflash_loss`'s keyword arguments."""
@@ -138,7 +141,7 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
                 attention_backend: str = "auto", loss: str = "decay",
                 dpace_alpha: float = 0.5, confidence_weight: float = 0.0,
                 distill_weight: float = 0.0, loss_norm: str = "weights",
-                anchor_spread: str = "sequence") -> tuple[torch.Tensor, dict]:
+                anchor_spread: str = "sequence", label_source: str = "data") -> tuple[torch.Tensor, dict]:
     """Weighted block cross-entropy of a batch and its metrics (``loss``: one of :data:`LOSSES`).
 
     The batch's input_ids (S, T) integer, loss_mask (S, T) 0/1, target_hidden (S, T, K*H) = target
@@ -150,12 +153,17 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     logits by its Markov head of the previous true token (teacher forcing) and adds its confidence head's
     binary cross-entropy, averaged over the trained rows and weighted ``confidence_weight``, to the loss.
     ``distill_weight`` w > 0: ``(1 - w) * CE + w * KL`` from the target's distribution (:mod:`.distill`).
+    ``label_source`` ``target_argmax``: each position's label is the target's greedy token there, from the same
+    teacher states (:func:`~.distill.argmax_labels`); the accuracies then count agreement with the target.
     """
     model = unwrap(drafter)
     cfg = model.config
     b = cfg.block_size
     input_ids, loss_mask, target_hidden, lengths = batch.input_ids, batch.loss_mask, batch.target_hidden, batch.lengths
-    target_hidden, teacher = split_teacher(target_hidden, model.fc.in_features, cfg.hidden_size, distill_weight)
+    if label_source not in LABEL_SOURCES:
+        raise ValueError(f"label_source must be one of {LABEL_SOURCES} (got {label_source!r})")
+    target_hidden, teacher = split_teacher(target_hidden, model.fc.in_features, cfg.hidden_size, distill_weight,
+                                           required=distill_weight > 0 or label_source == "target_argmax")
     _check_inputs(input_ids, loss_mask, target_hidden, lengths, model.fc.in_features)
     if gamma <= 0 or logits_chunk < 1 or max_anchors < 1:
         raise ValueError(f"gamma ({gamma}), logits_chunk ({logits_chunk}) and max_anchors ({max_anchors}) "
@@ -179,6 +187,10 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     flat_labels, out_of_vocab = labels.reshape(-1), 0.0
     prev_pos = (positions - 1).clamp(min=0, max=t - 1).reshape(s, -1)  # teacher forcing: the true token before
     flat_prev = torch.gather(input_ids, 1, prev_pos).reshape(-1)
+    if label_source == "target_argmax":  # the target's greedy token wherever a position is trained
+        relabelled = scored.reshape(-1).nonzero().squeeze(1)
+        flat_labels = flat_labels.clone()
+        flat_labels[relabelled] = argmax_labels(model.target_lm_head, teacher, prev_pos, relabelled, logits_chunk)
     label_map = model.label_map()
     if label_map is not None:  # draft ids; positions without one cannot be drafted right: no loss there
         flat_labels = label_map[flat_labels]

@@ -143,9 +143,10 @@ def distill_layers(spec: TrainSpec, target_config: dict, num_layers: int, layer_
     """The teacher's layers the run reads after the drafter's (:mod:`..drafter.distill`); :class:`TrainError` when
     the target cannot be distilled so."""
     try:
-        if spec.distill_weight > 0:
+        teacher = spec.distill_weight > 0 or spec.labels == "target_argmax"
+        if teacher:
             check_teacher_target(target_config)
-        return teacher_layer_ids(num_layers, spec.distill_weight > 0, layer_ids)
+        return teacher_layer_ids(num_layers, teacher, layer_ids)
     except ValueError as exc:
         raise TrainError(f"target {spec.target}: {exc}") from None
 

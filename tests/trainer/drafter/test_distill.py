@@ -188,3 +188,51 @@ def test_a_distilling_run_from_the_cache_trains_evaluates_and_exports(tmp_path, 
     assert report["evaluation"]["tau_trained"] >= 1.0 and "heldout_trained" in report["evaluation"]
     config = json.loads((tmp_path / "out" / "drafter" / "config.json").read_text())
     assert config["dflash_config"]["target_layer_ids"] == [4]  # served as any drafter
+
+
+def test_target_argmax_labels_train_toward_the_targets_greedy_token():
+    drafter = _drafter("dflash")
+    ids, loss_mask, feats, teacher, lengths = _batch()
+    batch = Batch(ids, loss_mask, lengths, target_hidden=torch.cat([feats, teacher], -1))
+    loss, metrics = dflash_loss(drafter, batch, max_anchors=5, gamma=3.0, generator=torch.Generator().manual_seed(1),
+                                logits_chunk=7, label_source="target_argmax")
+    anchors, valid = sample_anchors(loss_mask, lengths, 5, torch.Generator().manual_seed(1))
+    _, weights = block_targets(ids, loss_mask, lengths, anchors, valid, drafter.config.block_size, 3.0)
+    with torch.no_grad():
+        hidden = block_hidden(drafter, ids, feats, anchors)
+        ce_sum = w_sum = correct = scored = 0.0
+        for (i, j, k) in (weights > 0).nonzero().tolist():
+            a = int(anchors[i, j])
+            label = int(drafter.target_lm_head(teacher[i, a + k - 1]).argmax())  # the target's greedy next token
+            log_q = torch.log_softmax(drafter.logits(hidden[i, j, k]).float(), -1)
+            w = float(weights[i, j, k])
+            ce_sum, w_sum = ce_sum + w * float(-log_q[label]), w_sum + w
+            correct, scored = correct + float(int(log_q.argmax()) == label), scored + 1
+    assert loss.item() == pytest.approx(ce_sum / w_sum, rel=1e-5)
+    assert metrics["correct_sum"] == correct and metrics["num_trained_tokens"] == scored
+    data_loss, _ = dflash_loss(drafter, batch, max_anchors=5, gamma=3.0, generator=torch.Generator().manual_seed(1))
+    assert data_loss.item() != pytest.approx(loss.item(), rel=1e-3)  # the random data is not the target's choice
+    with pytest.raises(ValueError, match=r"target's labels \(target_argmax\) needs the target's last layer"):
+        dflash_loss(drafter, Batch(ids, loss_mask, lengths, target_hidden=feats), label_source="target_argmax")
+    with pytest.raises(ValueError, match="label_source must be one of"):
+        dflash_loss(drafter, batch, label_source="argmax")
+
+
+def test_a_run_on_the_targets_labels_reads_the_teacher_and_trains(tmp_path, tiny_qwen3_dir, tiny_dataset):
+    import json
+
+    from dfp_shared.storage import open_store
+    from dfp_trainer.run import run_local
+    from dfp_trainer.settings import TrainerSettings
+
+    from tests.trainer.train_support import tiny_spec
+
+    assert TrainSpec.model_validate(dict(dataset="file:///d", target="file:///t")).labels == "data"
+    with pytest.raises(ValueError, match="labels"):
+        TrainSpec.model_validate(dict(dataset="file:///d", target="file:///t", labels="argmax"))
+    spec = TrainSpec.model_validate(tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out",
+                                              labels="target_argmax", steps=3, eval_prompts=0))
+    result = run_local(spec, TrainerSettings(device="cpu", work_dir=str(tmp_path / "work")), resume=False)
+    assert result.completed and all(r["loss"] > 0 for r in result.history)
+    report = json.loads(open_store(f"file://{tmp_path}/out").get("report.json"))
+    assert report["spec"]["labels"] == "target_argmax" and report["target_layer_ids"] == [4]

@@ -64,6 +64,10 @@ LEVERS = {
     "schedule=wsd": {"decay": "wsd"},
     "optimizer=muon": {"optimizer": "muon"},
     "muon+dpace": {"optimizer": "muon", "loss": "dpace"},  # the two best single levers together
+    # what the target itself teaches: its greedy token as the label, its distribution (on answers it did not write)
+    "labels=target_argmax": {"labels": "target_argmax"},
+    "distill=0.5": {"distill_weight": 0.5},
+    "muon+labels=target_argmax": {"optimizer": "muon", "labels": "target_argmax"},
     **bench_quality.FAMILY_LEVERS,
 }
 
@@ -108,7 +112,8 @@ def prepare_prompts(work: Path, train_n: int, heldout_n: int) -> dict:
 def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path) -> None:
     """A drafter for ``steps`` steps; the target's hidden states are computed once per target layer set and
     read from the run's hidden-state cache after (``hidden_states: cache``), shared by every lever."""
-    cache = out.parent / f"hidden-cache-{dataset.name}-layers{recipe['num_draft_layers']}"
+    teacher = recipe.get("distill_weight", 0) > 0 or recipe.get("labels") == "target_argmax"  # the last layer too
+    cache = out.parent / f"hidden-cache-{dataset.name}-layers{recipe['num_draft_layers']}{'-teacher' if teacher else ''}"
     bench_quality.train(model_dir, dataset, recipe, steps, out, max_length=1024, hidden_states="cache",
                   hidden_state_cache=f"file://{cache}", enable_thinking=False)
 

@@ -177,7 +177,11 @@ def _evaluate(spec: EvaluateSpec, *, device: str | None, endpoint_url: str | Non
     if max_tokens < 1:
         raise EvaluateError(f"max_new_tokens {spec.max_new_tokens} and a block of {draft_len + 1} leave no room for a "
                             f"prompt in the target's {positions} positions")
-    sets = [read_prompt_set(uri, tokenizer, spec, max_tokens, endpoint_url) for uri in spec.prompts]
+    sets = []
+    for uri in spec.prompts:  # up to 16 sets of 10,000 prompts, each rendered: a stop is asked between sets
+        if should_stop():
+            return None
+        sets.append(read_prompt_set(uri, tokenizer, spec, max_tokens, endpoint_url))
     total, done = sum(len(s.prompts) for s in sets), 0
     progress(0, total)
     stops = stop_token_ids(tokenizer)

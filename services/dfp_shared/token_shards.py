@@ -6,6 +6,10 @@ and ``offsets`` (int64, ``num_samples + 1`` sample boundaries starting at 0), pl
 prefix holding ``shards/*.safetensors`` and a ``manifest.json`` listing them with counts and
 SHA-256 checksums (the tokenizer also records ``thinking``, the chat template's thinking mode);
 :func:`load_dataset` reads every shard once into three concatenated tensors.
+
+A dataset is user data: the manifest is read no further than :data:`MAX_MANIFEST_BYTES` and its fields
+checked before use, and a shard's sample boundaries must rise from 0 to its token count, so no count
+it claims sizes anything; a violation is a :class:`DatasetError` naming the file and the limit.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from safetensors.torch import save as st_save
 
 FORMAT = "dflash-tokens/1"
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists its shards (about 200 bytes each), not samples
 
 
 class DatasetError(ValueError):
@@ -109,6 +114,9 @@ def decode_shard(data: bytes, name: str = "<shard>") -> Shard:
     if ids.shape != mask.shape or offsets.numel() < 1 or int(offsets[0]) != 0 or int(offsets[-1]) != ids.numel():
         raise DatasetError(f"{name}: inconsistent tensors (input_ids {tuple(ids.shape)}, loss_mask {tuple(mask.shape)}, "
                            f"offsets ending at {int(offsets[-1]) if offsets.numel() else None})")
+    if ids.dim() != 1 or offsets.dim() != 1 or bool((offsets[1:] < offsets[:-1]).any()):
+        raise DatasetError(f"{name}: offsets must rise from 0 to the {ids.numel()} tokens of flat input_ids; "
+                           "a sample boundary goes back or past the end")
     sample_ids = json.loads(meta.get("sample_ids", "[]"))
     if len(sample_ids) != offsets.numel() - 1:
         raise DatasetError(f"{name}: {len(sample_ids)} sample ids for {offsets.numel() - 1} samples")
@@ -162,17 +170,44 @@ class TokenDataset(FlatSamples):
         return self.manifest.get("thinking")
 
 
+def read_at_most(store, key: str, limit: int, error: type[Exception], what: str) -> bytes:
+    """The bytes of one object, read no further than ``limit``: ``error`` naming it and the limit when it is larger."""
+    with store.open_read(key) as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{store.url(key)}: larger than {limit:,} bytes, the most {what} may take; refused")
+    return data
+
+
+def _read_manifest(store) -> dict:
+    """The dataset's manifest, bounded and checked field by field (it comes from the user's storage)."""
+    from .storage import NotFound
+
+    where = store.url(MANIFEST)
+    try:
+        manifest = json.loads(read_at_most(store, MANIFEST, MAX_MANIFEST_BYTES, DatasetError, "a dataset manifest"))
+    except NotFound:
+        raise DatasetError(f"{where}: no dataset manifest (has the tokenize job finished?)") from None
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, DatasetError):
+            raise
+        raise DatasetError(f"{where}: not a JSON manifest ({type(exc).__name__})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise DatasetError(f"{where}: format {found!r}, expected {FORMAT!r}")
+    entries = manifest.get("shards", [])
+    if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("key"), str) and isinstance(e.get("sha256"), str) for e in entries):
+        raise DatasetError(f"{where}: 'shards' must be a list of entries, each with a string 'key' and 'sha256'")
+    return manifest
+
+
 def load_dataset(uri: str, endpoint_url: str | None = None, verify: bool = True, max_workers: int = 16) -> TokenDataset:
     """Read the manifest under ``uri`` and every shard it lists (in parallel), checksums verified."""
-    from .storage import NotFound, open_store
+    from .storage import open_store
 
     store = open_store(uri, endpoint_url=endpoint_url)
-    try:
-        manifest = json.loads(store.get(MANIFEST))
-    except NotFound:
-        raise DatasetError(f"{store.url(MANIFEST)}: no dataset manifest (has the tokenize job finished?)") from None
-    if manifest.get("format") != FORMAT:
-        raise DatasetError(f"{store.url(MANIFEST)}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    manifest = _read_manifest(store)
     entries = manifest.get("shards", [])
     shards = []
     for entry, (key, data) in zip(entries, store.get_many([e["key"] for e in entries], max_workers=max_workers)):

@@ -76,6 +76,22 @@ class TaskContext:
     def cancelled(self) -> bool:
         return self.jobs.is_cancelled(self.task.job_id)
 
+    def stop_check(self, cancel_every_s: float = 0.5) -> Callable[[], bool]:
+        """A ``should_stop()`` cheap enough to ask every step of a long computation: true once the worker
+        is stopping (a signal; read every call) or the job is cancelled (read from Redis at most every
+        ``cancel_every_s``)."""
+        state = {"at": float("-inf"), "cancelled": False}
+
+        def should_stop() -> bool:
+            if self.stopping.is_set() or state["cancelled"]:
+                return True
+            now = time.monotonic()
+            if now - state["at"] >= cancel_every_s:
+                state["at"], state["cancelled"] = now, self.cancelled()
+            return state["cancelled"]
+
+        return should_stop
+
     def check(self) -> None:
         """Raise if the worker was aborted (a second signal; in any thread) or the job was cancelled
         (call between units of work)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 from dfp_shared.cli_support import settings_or_exit
+from dfp_shared.hidden_states import CacheError
 from dfp_shared.signals import StopSignals
 from dfp_shared.specs.train import TrainSpec
 
@@ -95,7 +96,7 @@ def main(spec_path: str, job_id: str | None, result_path: str | None, group_run:
 
     try:
         result = run_local(spec, settings, job_id=job_id, stop=stop, resume=not no_resume)
-    except (TrainError, DataError) as exc:
+    except (TrainError, DataError, CacheError) as exc:
         report({"input_error": str(exc)})
         print(f"cannot train: {exc}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

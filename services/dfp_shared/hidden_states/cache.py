@@ -15,12 +15,19 @@ conditional write on S3), so a crash leaves whole shards only and the next run w
 ones. A key that differs from the cache's is refused with a message naming each difference; features
 are never mixed. Reads take single samples (byte ranges of the shard), so each DDP rank reads only its
 own samples. This module owns the format, reader and writer together.
+
+A cache prefix is user data: ``cache.json`` is read no further than :data:`MAX_INDEX_BYTES`, and a shard's
+safetensors header (an 8-byte length, then JSON) is refused when its length exceeds the file or
+:data:`MAX_HEADER_BYTES`, its tensors' byte ranges must lie inside the file and its sample offsets must rise
+to the plan's token count, all before anything is allocated for them: a :class:`CacheError` naming the
+file and the limit.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
+import io
 import json
 import threading
 from dataclasses import asdict, dataclass
@@ -30,7 +37,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from ..storage import NotFound, ObjectStore, open_store
-from ..token_shards import TokenDataset
+from ..token_shards import TokenDataset, read_at_most
 from ..token_shards import _canonical as canonical_safetensors
 from .contract import ModelInfo
 from .tensor_codec import to_dtype
@@ -39,6 +46,8 @@ FORMAT = "dflash-hidden-states/1"
 INDEX = "cache.json"
 DEFAULT_SHARD_BYTES = 256 << 20
 _OPEN_READERS = 64
+MAX_INDEX_BYTES = 64 << 20  # the plan of every shard (about 150 bytes each)
+MAX_HEADER_BYTES = 100_000_000  # a shard's safetensors header (safetensors' own limit); ours take a few hundred
 
 
 class CacheError(ValueError):
@@ -162,7 +171,7 @@ class HiddenStateCache:
         cache), :class:`CacheError` when there is none and ``create`` is false."""
         store = open_store(uri, endpoint_url=endpoint_url)
         try:
-            index = json.loads(store.get(INDEX))
+            index = json.loads(read_at_most(store, INDEX, MAX_INDEX_BYTES, CacheError, "a cache index"))
         except NotFound:
             if not create:
                 raise CacheError(f"{uri}: no hidden-state cache here (fill it with a `cache` job, or train with "
@@ -171,16 +180,24 @@ class HiddenStateCache:
                      "shards": [asdict(p) for p in plan_shards(dataset, key.bytes_per_token, shard_bytes)]}
             if not store.put_if_absent(INDEX, json.dumps(index, indent=1).encode()):
                 index = json.loads(store.get(INDEX))  # another rank or job created it first
-        except ValueError as exc:
-            raise CacheError(f"{store.url(INDEX)}: unreadable ({exc})") from None
-        if index.get("format") != FORMAT:
-            raise CacheError(f"{store.url(INDEX)}: format {index.get('format')!r}, expected {FORMAT!r}")
+        except CacheError:
+            raise
+        except (ValueError, RecursionError) as exc:
+            raise CacheError(f"{store.url(INDEX)}: unreadable ({type(exc).__name__}: {exc})") from None
+        if not isinstance(index, dict) or index.get("format") != FORMAT:
+            found = index.get("format") if isinstance(index, dict) else type(index).__name__
+            raise CacheError(f"{store.url(INDEX)}: format {found!r}, expected {FORMAT!r}")
         found = CacheKey.from_dict(index.get("key") or {})
         diffs = found.differences(key, ignore=ignore)
         if diffs:
             raise CacheMismatch(f"{uri}: the hidden-state cache was built for another " + "; another ".join(diffs)
                                 + ". Its features are never mixed with others: use another hidden_state_cache prefix")
-        shards = [ShardPlan(**p) for p in index.get("shards", [])]
+        try:
+            shards = [ShardPlan(**p) for p in index.get("shards", [])]
+            if not all(isinstance(v, int) and v >= 0 for p in shards for v in (p.first, p.count, p.tokens)):
+                raise TypeError("first, count and tokens must be whole numbers")
+        except TypeError as exc:
+            raise CacheError(f"{store.url(INDEX)}: a shard's plan is malformed ({exc})") from None
         if sum(p.count for p in shards) != dataset.num_samples:
             raise CacheError(f"{store.url(INDEX)}: plans {sum(p.count for p in shards)} samples, the dataset has "
                              f"{dataset.num_samples}")
@@ -269,7 +286,7 @@ class HiddenStateCache:
 
 
 class _ShardReader:
-    """Byte-range reads of single samples from one shard file (its header parsed once)."""
+    """Byte-range reads of single samples from one shard file (its header parsed once, bounded: see the module)."""
 
     def __init__(self, store: ObjectStore, plan: ShardPlan, key: CacheKey):
         self.url = store.url(plan.key)
@@ -277,23 +294,51 @@ class _ShardReader:
             self.fh = store.open_read(plan.key)
         except NotFound:
             raise CacheError(f"{self.url}: the shard is missing from the cache") from None
+        try:
+            self._open(plan, key)
+        except BaseException:
+            self.fh.close()
+            raise
+
+    def _open(self, plan: ShardPlan, key: CacheKey) -> None:
+        size = self.fh.seek(0, io.SEEK_END)
+        self.fh.seek(0)
         n = int.from_bytes(self._read(8), "little")
-        header = json.loads(self._read(n))
-        meta = header.pop("__metadata__", {}) or {}
-        if meta.get("format") != FORMAT or json.loads(meta.get("key", "{}")) != json.loads(
-                json.dumps(key.to_dict(), sort_keys=True)):
+        if n > min(MAX_HEADER_BYTES, size - 8):
+            raise CacheError(f"{self.url}: the safetensors header claims {n:,} bytes; the file holds {size:,} and a "
+                             f"header may take at most {MAX_HEADER_BYTES:,}; refused")
+        try:
+            header = json.loads(self._read(n))
+            meta = header.pop("__metadata__", {}) or {}
+            ours = meta.get("format") == FORMAT and json.loads(meta.get("key", "{}")) == json.loads(
+                json.dumps(key.to_dict(), sort_keys=True))
+        except (ValueError, RecursionError, AttributeError, TypeError) as exc:
+            raise CacheError(f"{self.url}: unreadable safetensors header ({type(exc).__name__})") from None
+        if not ours:
             raise CacheMismatch(f"{self.url}: the shard was written for another cache key; refused")
-        states, offsets = header.get("hidden_states"), header.get("offsets")
         width = len(key.layer_ids) * key.hidden_size
-        if not states or not offsets or states["shape"] != [plan.tokens, width] or offsets["shape"] != [plan.count + 1]:
-            raise CacheError(f"{self.url}: shapes {header} do not match the plan ({plan.tokens} x {width} features, "
-                             f"{plan.count} samples)")
-        base = 8 + n
-        self.fh.seek(base + offsets["data_offsets"][0])
-        self.offsets = torch.frombuffer(bytearray(self._read(8 * (plan.count + 1))), dtype=torch.int64)
-        self.base = base + states["data_offsets"][0]
         self.dtype, self.width = to_dtype(key.dtype), width
         self.row_bytes = width * self.dtype.itemsize
+        base = 8 + n
+        states = self._span(header, "hidden_states", [plan.tokens, width], plan.tokens * self.row_bytes, size - base)
+        offsets = self._span(header, "offsets", [plan.count + 1], 8 * (plan.count + 1), size - base)
+        self.fh.seek(base + offsets[0])
+        self.offsets = torch.frombuffer(bytearray(self._read(8 * (plan.count + 1))), dtype=torch.int64)
+        if int(self.offsets[0]) != 0 or int(self.offsets[-1]) != plan.tokens or bool(
+                (self.offsets[1:] < self.offsets[:-1]).any()):
+            raise CacheError(f"{self.url}: sample offsets must rise from 0 to the plan's {plan.tokens} tokens; refused")
+        self.base = base + states[0]
+
+    def _span(self, header: dict, name: str, shape: list[int], nbytes: int, room: int) -> tuple[int, int]:
+        """A tensor's byte range in the data section, checked against its expected shape and the file's size."""
+        entry = header.get(name)
+        span = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (not isinstance(entry, dict) or entry.get("shape") != shape or not isinstance(span, list) or len(span) != 2
+                or not all(isinstance(v, int) for v in span) or not 0 <= span[0] <= span[1] <= room
+                or span[1] - span[0] != nbytes):
+            raise CacheError(f"{self.url}: tensor {name!r} is {str(entry)[:200]}; the plan needs shape {shape} ({nbytes:,} "
+                             f"bytes) inside the file's {room:,} data bytes")
+        return span[0], span[1]
 
     def _read(self, n: int) -> bytes:
         data = self.fh.read(n)

@@ -4,7 +4,8 @@
 (:meth:`CachedSource.sample_states`): from the cache where the sample's shard is there, else (with an
 ``online`` source) computed by the target and not kept. Plain ``hidden_states`` requests, which carry
 no sample identity, go to the online source. :func:`fill_shards` computes missing shards with a target
-source and writes each whole.
+source and writes each whole; a stop asked meanwhile ends it before the next forward request, and the
+shard in progress is dropped (never written in part).
 
 A sample's cached features are its forward without padding: the samples of a shard are sent grouped by
 equal length, so no row of a forward is padded (a padded row's last bits depend on its batch).
@@ -26,6 +27,10 @@ from .tensor_codec import to_dtype
 log = logging.getLogger(__name__)
 
 DEFAULT_REQUEST_TOKENS = 16384
+
+
+class ShardStopped(Exception):
+    """``should_stop`` turned true while a shard was being computed: the shard is abandoned."""
 
 
 class CachedSource:
@@ -84,8 +89,10 @@ class CachedSource:
 
 
 async def compute_shard(source, dataset: TokenDataset, plan: ShardPlan, layer_ids: list[int], dtype: str, *,
-                        max_tokens_per_request: int | None = None, inflight: int = 4) -> list[torch.Tensor]:
-    """The features of every sample of ``plan``, each computed without padding (equal lengths share a request)."""
+                        max_tokens_per_request: int | None = None, inflight: int = 4,
+                        should_stop: Callable[[], bool] | None = None) -> list[torch.Tensor]:
+    """The features of every sample of ``plan``, each computed without padding (equal lengths share a request);
+    ``should_stop`` is asked before each request is sent (:class:`ShardStopped` when it turns true)."""
     offsets = dataset.offsets.tolist()
     samples = list(range(plan.first, plan.first + plan.count))
     length = {i: offsets[i + 1] - offsets[i] for i in samples}
@@ -104,6 +111,8 @@ async def compute_shard(source, dataset: TokenDataset, plan: ShardPlan, layer_id
     async def ask(members: list[int]) -> list[torch.Tensor]:
         seqs = [dataset.input_ids[offsets[i]:offsets[i + 1]] for i in members]
         async with gate:
+            if should_stop is not None and should_stop():
+                raise ShardStopped(plan.key)
             return await source.hidden_states(seqs, layer_ids)
 
     results = await asyncio.gather(*(ask(m) for m in requests))
@@ -124,7 +133,8 @@ def fill_shards(cache: HiddenStateCache, source, dataset: TokenDataset, plans: l
                 written: Callable[[ShardPlan, int], None] | None = None,
                 should_stop: Callable[[], bool] | None = None) -> int:
     """Compute and write each of ``plans`` not yet in the cache, one whole shard at a time; returns the
-    shards this call wrote. ``written(plan, bytes)`` after each; ``should_stop()`` is asked between shards."""
+    shards this call wrote. ``written(plan, bytes)`` after each; ``should_stop()`` is asked between shards and
+    before each forward request of a shard (a shard stopped part-way is not written)."""
     done = 0
     layer_ids = list(cache.key.layer_ids)
     for plan in plans:
@@ -132,8 +142,13 @@ def fill_shards(cache: HiddenStateCache, source, dataset: TokenDataset, plans: l
             break
         if cache.store.exists(plan.key):  # written meanwhile (another rank, an earlier run)
             continue
-        states = asyncio.run(compute_shard(source, dataset, plan, layer_ids, cache.key.dtype,
-                                           max_tokens_per_request=max_tokens_per_request, inflight=inflight))
+        try:
+            states = asyncio.run(compute_shard(source, dataset, plan, layer_ids, cache.key.dtype,
+                                               max_tokens_per_request=max_tokens_per_request, inflight=inflight,
+                                               should_stop=should_stop))
+        except ShardStopped:
+            log.info("hidden-state cache fill stopped mid-shard; the shard is not written", extra={"shard": plan.key})
+            break
         size = cache.write(plan, states)
         if size:
             done += 1

@@ -16,6 +16,10 @@ drafter's token at each draft up to and including the first rejected one) must w
 (float32: a few ulps, often none, against the default 1e-4), every kept decision is the lone decoder's, so the outputs,
 steps and histograms equal the one-at-a-time decoder's to the count; the result says how many rows
 were decoded again (``recomputed``).
+
+``should_stop`` is asked before every step of the batch and of each row decoded again alone, as
+:func:`.decode.verify_decode` asks it: when it turns true the whole call ends with
+:class:`.decode.DecodeStopped`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ from dataclasses import dataclass, field
 import torch
 
 from ..drafter.attention import batch_decode_masks
-from .decode import Proposer, _has_linear_layers, dflash_proposer, target_features, verify_decode
+from .decode import (
+    Proposer,
+    StopCheck,
+    _has_linear_layers,
+    check_stop,
+    dflash_proposer,
+    target_features,
+    verify_decode,
+)
 from .ngram import ngram_proposer
 
 TIE_MARGINS = {torch.float32: 1e-4, torch.float64: 1e-9}
@@ -249,8 +261,10 @@ def _advance(row: _Row, drafts: torch.Tensor, draft_gaps: torch.Tensor, posterio
 
 def _decode_group(propose: BatchProposer, target, prompts: list[torch.Tensor], indices: list[int], *,
                   max_new_tokens: int, draft_len: int, layer_ids: Sequence[int], stops: set[int],
-                  whole_blocks: bool, tie_margin: float) -> tuple[dict[int, dict], list[int]]:
+                  whole_blocks: bool, tie_margin: float,
+                  should_stop: StopCheck | None = None) -> tuple[dict[int, dict], list[int]]:
     """Decode one batch together; returns the results of rows whose every decision was clear, and the others."""
+    check_stop(should_stop)
     dev = prompts[indices[0]].device
     shared = _SharedCache(target, layer_ids, len(indices), dev)
     outs = shared.forward([prompts[i] for i in indices], [0] * len(indices), prefill=True)
@@ -274,6 +288,7 @@ def _decode_group(propose: BatchProposer, target, prompts: list[torch.Tensor], i
                 live.append(k)
         if not live:
             return done, unclear
+        check_stop(should_stop)
         if len(live) < len(rows):
             shared.select(live)
             rows = [rows[k] for k in live]
@@ -298,13 +313,13 @@ def default_tie_margin(target) -> float:
 def verify_decode_batch(propose: BatchProposer, lone: Proposer, target, prompts: Sequence[torch.Tensor], *,
                         max_new_tokens: int, draft_len: int, batch_size: int, layer_ids: Sequence[int] = (),
                         stop_token_ids: Sequence[int] = (), whole_blocks: bool = False,
-                        tie_margin: float | None = None) -> tuple[list[dict], int]:
+                        tie_margin: float | None = None, should_stop: StopCheck | None = None) -> tuple[list[dict], int]:
     """:func:`.decode.verify_decode` of every prompt (1-D ids), ``batch_size`` at a time (similar lengths together);
     ``lone`` is the same proposer for one row (the rows decoded again alone). Returns the per-prompt results in
     the prompts' order, and how many prompts were decoded again alone (a near tie, or a hybrid target)."""
     prompts = list(prompts)
     alone = dict(max_new_tokens=max_new_tokens, draft_len=draft_len, layer_ids=layer_ids,
-                 stop_token_ids=stop_token_ids, whole_blocks=whole_blocks)
+                 stop_token_ids=stop_token_ids, whole_blocks=whole_blocks, should_stop=should_stop)
     if batch_size <= 1 or _has_linear_layers(target):  # recurrent state cannot be masked: one at a time
         return [verify_decode(lone, target, p, **alone) for p in prompts], 0
     margin = default_tie_margin(target) if tie_margin is None else tie_margin
@@ -315,7 +330,7 @@ def verify_decode_batch(propose: BatchProposer, lone: Proposer, target, prompts:
         done, unclear = _decode_group(propose, target, prompts, order[b : b + batch_size],
                                       max_new_tokens=max_new_tokens, draft_len=draft_len, layer_ids=layer_ids,
                                       stops={int(t) for t in stop_token_ids}, whole_blocks=whole_blocks,
-                                      tie_margin=margin)
+                                      tie_margin=margin, should_stop=should_stop)
         results.update(done)
         again += unclear
     for i in again:
@@ -326,7 +341,8 @@ def verify_decode_batch(propose: BatchProposer, lone: Proposer, target, prompts:
 def speculative_decode_batch(drafter, target, prompts: Sequence[torch.Tensor], *, max_new_tokens: int,
                              batch_size: int, layer_ids: Sequence[int] | None = None,
                              stop_token_ids: Sequence[int] = (), whole_blocks: bool = False,
-                             tie_margin: float | None = None) -> tuple[list[dict], int]:
+                             tie_margin: float | None = None,
+                             should_stop: StopCheck | None = None) -> tuple[list[dict], int]:
     """:func:`.decode.speculative_decode` of every prompt, ``batch_size`` at a time (see :func:`verify_decode_batch`)."""
     cfg = drafter.config
     layer_ids = list(layer_ids if layer_ids is not None else cfg.target_layer_ids)
@@ -335,14 +351,14 @@ def speculative_decode_batch(drafter, target, prompts: Sequence[torch.Tensor], *
     return verify_decode_batch(dflash_batch_proposer(drafter), dflash_proposer(drafter), target, prompts,
                                max_new_tokens=max_new_tokens, draft_len=cfg.block_size - 1, batch_size=batch_size,
                                layer_ids=layer_ids, stop_token_ids=stop_token_ids, whole_blocks=whole_blocks,
-                               tie_margin=tie_margin)
+                               tie_margin=tie_margin, should_stop=should_stop)
 
 
 def ngram_decode_batch(target, prompts: Sequence[torch.Tensor], *, draft_len: int, max_new_tokens: int, min_n: int,
                        max_n: int, batch_size: int, stop_token_ids: Sequence[int] = (),
-                       whole_blocks: bool = True) -> tuple[list[dict], int]:
+                       whole_blocks: bool = True, should_stop: StopCheck | None = None) -> tuple[list[dict], int]:
     """:func:`.ngram.ngram_decode` of every prompt, ``batch_size`` at a time (see :func:`verify_decode_batch`)."""
     lone = ngram_proposer(min_n, max_n)
     return verify_decode_batch(row_proposer(lone), lone, target, prompts, max_new_tokens=max_new_tokens,
                                draft_len=draft_len, batch_size=batch_size, stop_token_ids=stop_token_ids,
-                               whole_blocks=whole_blocks)
+                               whole_blocks=whole_blocks, should_stop=should_stop)

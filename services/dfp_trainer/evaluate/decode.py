@@ -6,6 +6,10 @@ token; the drafter proposes B-1 tokens in one forward (context = target features
 position strictly before the anchor); the target verifies ``[anchor, drafts]`` in one forward;
 the longest prefix of drafts equal to the target's argmax is accepted, plus the target's own
 next token. tau = tokens emitted per verify step. The output equals the target's greedy output.
+
+A ``should_stop`` callable is asked before every draft-and-verify step: when it turns true the decoding
+ends with :class:`DecodeStopped` (nothing of the prompt is returned), so a cancel or a shutdown waits for
+one step, not for the whole generation.
 """
 
 from __future__ import annotations
@@ -16,6 +20,18 @@ import torch
 from dfp_shared import chat_template
 
 from ..drafter.attention import decode_masks
+
+StopCheck = Callable[[], bool]
+
+
+class DecodeStopped(Exception):
+    """``should_stop`` turned true mid-decoding: the generation was abandoned (no partial result)."""
+
+
+def check_stop(should_stop: StopCheck | None) -> None:
+    """Raise :class:`DecodeStopped` when ``should_stop`` (if any) says so."""
+    if should_stop is not None and should_stop():
+        raise DecodeStopped()
 
 
 def target_features(hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]) -> torch.Tensor:
@@ -78,7 +94,7 @@ verifier reads no layers)."""
 @torch.inference_mode()
 def verify_decode(propose: Proposer, target, prompt_ids: torch.Tensor, *, max_new_tokens: int, draft_len: int,
                   layer_ids: Sequence[int] = (), stop_token_ids: Sequence[int] = (), use_cache: bool | None = None,
-                  whole_blocks: bool = False) -> dict:
+                  whole_blocks: bool = False, should_stop: StopCheck | None = None) -> dict:
     """Greedy draft-and-verify decoding of one prompt (1-D ids) with any proposer: the one harness.
 
     Each step the proposer drafts up to ``draft_len`` tokens after the anchor (the last emitted token);
@@ -87,8 +103,10 @@ def verify_decode(propose: Proposer, target, prompt_ids: torch.Tensor, *, max_ne
     drafts are cut to the token budget, unless ``whole_blocks`` (as vLLM drafts: the emitted tokens are
     cut, the verified block is not). Per step: ``steps`` (tokens emitted, cut at the budget and at a
     stop token), ``accepted`` (drafts the target accepted, uncut) and ``drafted`` (drafts proposed);
-    ``accepted_hist[a]`` counts steps that accepted ``a`` drafts.
+    ``accepted_hist[a]`` counts steps that accepted ``a`` drafts. ``should_stop`` is asked before the
+    prefill and every step (:class:`DecodeStopped` when it turns true).
     """
+    check_stop(should_stop)
     if use_cache is None:
         use_cache = not _has_linear_layers(target)
     verifier = _Verifier(target, layer_ids, use_cache)
@@ -101,6 +119,7 @@ def verify_decode(propose: Proposer, target, prompt_ids: torch.Tensor, *, max_ne
     steps, accepted_per_step, drafted_per_step, hist = [], [], [], [0] * (draft_len + 1)
     stopped = int(seq[-1]) in stops
     while seq.shape[0] < max_len and not stopped:
+        check_stop(should_stop)
         start = seq.shape[0] - 1  # anchor position
         room = draft_len if whole_blocks else min(draft_len, max_len - start - 1)
         drafts = propose(seq, context, room)[:room].to(seq.device, torch.long)
@@ -147,7 +166,8 @@ def dflash_proposer(drafter) -> Proposer:
 @torch.inference_mode()
 def speculative_decode(drafter, target, prompt_ids: torch.Tensor, *, max_new_tokens: int,
                        layer_ids: Sequence[int] | None = None, stop_token_ids: Sequence[int] = (),
-                       use_cache: bool | None = None, whole_blocks: bool = False) -> dict:
+                       use_cache: bool | None = None, whole_blocks: bool = False,
+                       should_stop: StopCheck | None = None) -> dict:
     """Greedy speculative decoding of one prompt (1-D ids) with a DFlash drafter (block size B: B-1
     drafts per step); returns new token ids, tokens per step and the histogram of accepted drafts."""
     cfg = drafter.config
@@ -156,7 +176,7 @@ def speculative_decode(drafter, target, prompt_ids: torch.Tensor, *, max_new_tok
         raise ValueError(f"{len(layer_ids)} layer ids given; the drafter was built for {cfg.num_context_features}")
     return verify_decode(dflash_proposer(drafter), target, prompt_ids, max_new_tokens=max_new_tokens,
                          draft_len=cfg.block_size - 1, layer_ids=layer_ids, stop_token_ids=stop_token_ids,
-                         use_cache=use_cache, whole_blocks=whole_blocks)
+                         use_cache=use_cache, whole_blocks=whole_blocks, should_stop=should_stop)
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool) -> list[int]:

@@ -14,7 +14,8 @@ drafts per step, the acceptance of each draft position; plus ``tokens_per_s`` an
 τ of each prompt, the counts of prompts evaluated and skipped, and the unreadable lines (file, line,
 reason; the first 100 in full, all counted). A bad line never fails the job; a bad drafter or
 target does (:class:`EvaluateError`). Progress: the job record's ``prompts`` counter against its
-total, per batch.
+total, per batch. ``should_stop`` is asked between batches and before every decoding step (both
+methods, :mod:`.batched`), so a stop ends the evaluation within one step; no report is written then.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dfp_shared.tokenizer_assets import load_tokenizer
 from ..drafter.load import load_exported
 from ..settings import scratch_dir
 from .batched import ngram_decode_batch, speculative_decode_batch
-from .decode import chat_prompt_ids
+from .decode import DecodeStopped, chat_prompt_ids
 from .tau import tau_figures
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,15 @@ def evaluate_job(spec: EvaluateSpec, *, device: str | None = None, endpoint_url:
                  work_dir: str | None = None, progress: Callable[[int, int], None] = lambda done, total: None,
                  should_stop: Callable[[], bool] = lambda: False) -> dict | None:
     """Run the evaluation and write its report; returns the report (None when ``should_stop`` ended it)."""
+    try:
+        return _evaluate(spec, device=device, endpoint_url=endpoint_url, work_dir=work_dir, progress=progress,
+                         should_stop=should_stop)
+    except DecodeStopped:
+        return None
+
+
+def _evaluate(spec: EvaluateSpec, *, device: str | None, endpoint_url: str | None, work_dir: str | None,
+              progress: Callable[[int, int], None], should_stop: Callable[[], bool]) -> dict | None:
     with scratch_dir(work_dir, "dflash-eval-") as tmp:
         target, tokenizer, drafter = load_models(spec, device, tmp, endpoint_url)
     draft_len = drafter.config.block_size - 1
@@ -167,7 +177,11 @@ def evaluate_job(spec: EvaluateSpec, *, device: str | None = None, endpoint_url:
     if max_tokens < 1:
         raise EvaluateError(f"max_new_tokens {spec.max_new_tokens} and a block of {draft_len + 1} leave no room for a "
                             f"prompt in the target's {positions} positions")
-    sets = [read_prompt_set(uri, tokenizer, spec, max_tokens, endpoint_url) for uri in spec.prompts]
+    sets = []
+    for uri in spec.prompts:  # up to 16 sets of 10,000 prompts, each rendered: a stop is asked between sets
+        if should_stop():
+            return None
+        sets.append(read_prompt_set(uri, tokenizer, spec, max_tokens, endpoint_url))
     total, done = sum(len(s.prompts) for s in sets), 0
     progress(0, total)
     stops = stop_token_ids(tokenizer)
@@ -185,12 +199,13 @@ def evaluate_job(spec: EvaluateSpec, *, device: str | None = None, endpoint_url:
             prompts = [torch.tensor(ids, dtype=torch.long, device=dev) for _, ids in batch]
             began = time.perf_counter()
             dflash, again = speculative_decode_batch(drafter, target, prompts, max_new_tokens=spec.max_new_tokens,
-                                                     batch_size=spec.batch_size, stop_token_ids=stops, whole_blocks=True)
+                                                     batch_size=spec.batch_size, stop_token_ids=stops, whole_blocks=True,
+                                                     should_stop=should_stop)
             mid = time.perf_counter()
             ngram, ngram_again = ngram_decode_batch(target, prompts, draft_len=draft_len,
                                                     max_new_tokens=spec.max_new_tokens, min_n=spec.ngram_min,
                                                     max_n=spec.ngram_max, batch_size=spec.batch_size,
-                                                    stop_token_ids=stops)
+                                                    stop_token_ids=stops, should_stop=should_stop)
             seconds["dflash"] += mid - began
             seconds["ngram"] += time.perf_counter() - mid
             recomputed["dflash"] += again

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .decode import Proposer, verify_decode
+from .decode import Proposer, StopCheck, verify_decode
 
 
 def propose_ngram(seq: list[int] | torch.Tensor, k: int, min_n: int, max_n: int) -> list[int]:
@@ -55,8 +55,9 @@ def ngram_proposer(min_n: int, max_n: int) -> Proposer:
 
 
 def ngram_decode(target, prompt_ids: torch.Tensor, *, draft_len: int, max_new_tokens: int, min_n: int, max_n: int,
-                 stop_token_ids=(), whole_blocks: bool = True, use_cache: bool | None = None) -> dict:
+                 stop_token_ids=(), whole_blocks: bool = True, use_cache: bool | None = None,
+                 should_stop: StopCheck | None = None) -> dict:
     """Greedy n-gram speculative decoding of one prompt: :func:`~dfp_trainer.evaluate.decode.verify_decode`'s result."""
     return verify_decode(ngram_proposer(min_n, max_n), target, prompt_ids, max_new_tokens=max_new_tokens,
                          draft_len=draft_len, layer_ids=(), stop_token_ids=stop_token_ids, use_cache=use_cache,
-                         whole_blocks=whole_blocks)
+                         whole_blocks=whole_blocks, should_stop=should_stop)

@@ -4,8 +4,11 @@ One task (the plan task, on the ``train`` stream) fills the whole cache under th
 the target's features of every sample of the dataset for the drafter's layers, shard by shard, each
 written whole (:mod:`..loop.hidden_cache`), so a train job with ``hidden_states: offline`` then runs
 without a target. Admitted as every job task is (:class:`~dfp_shared.worker.JobHandler`: spec validated,
-storage URIs checked, the cache prefix claimed for the job's owner). A stop (SIGTERM) ends the fill
-between shards and gives the task back; the next delivery computes only the shards still missing.
+storage URIs checked, the cache prefix claimed for the job's owner). A stop (SIGTERM) or a cancel ends
+the fill before the next forward request, inside a shard too (:meth:`~dfp_shared.worker.TaskContext.stop_check`: the
+cancel flag read at most every half second); the shard in progress is dropped, whole shards stay. A stop
+gives the task back and the next delivery computes only the shards still missing; a cancel ends the job
+cancelled.
 The job record counts ``shards`` (done of total), ``cached_shards``, ``missing_shards`` and ``cache_bytes``.
 """
 
@@ -103,7 +106,7 @@ class CacheHandler(JobRunner):
 
         try:
             counts = fill_cache(spec, self.settings, counters=counters,
-                                should_stop=lambda: ctx.stopping.is_set() or ctx.cancelled())
+                                should_stop=ctx.stop_check())
         except CacheJobError as exc:
             log.error("cache cannot be filled", extra={"job_id": task.job_id, "error": str(exc)})
             finish_job(self.r, task.job_id, JobState.failed, error=str(exc))

@@ -2,8 +2,11 @@
 
 One task runs the whole evaluation (:func:`.job.evaluate_job`), admitted as every job task is
 (:class:`~dfp_shared.worker.JobHandler`: spec validated, storage URIs checked, output prefix claimed).
-A stop (SIGTERM) gives the task back and the next worker runs it again from the start (the report
-is written once, at the end); a cancel ends it between prompts.
+The decoding asks whether to stop before every draft-and-verify step (:meth:`~dfp_shared.worker.TaskContext.stop_check`:
+the worker's stop flag every step, the job's cancel flag at most every half second), so either ends a
+running evaluation within about one target forward: a stop (SIGTERM) gives the task back and the next
+worker runs it again from the start (the report is written once, at the end); a cancel ends the job
+cancelled and the worker takes its next task.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class EvaluateHandler(JobRunner):
         try:
             report = evaluate_job(spec, device=device, endpoint_url=self.settings.s3_endpoint_url,
                                   work_dir=self.settings.work_dir or None, progress=progress,
-                                  should_stop=lambda: ctx.stopping.is_set() or ctx.cancelled())
+                                  should_stop=ctx.stop_check())
         except EvaluateError as exc:  # bad input: retrying cannot help
             log.error("evaluation cannot run", extra={"job_id": task.job_id, "error": str(exc)})
             finish_job(self.r, task.job_id, JobState.failed, error=str(exc))

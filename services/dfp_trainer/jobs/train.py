@@ -19,6 +19,7 @@ import socket
 import time
 from pathlib import Path
 
+from dfp_shared.hidden_states import CacheError
 from dfp_shared.job_flow import finish_job
 from dfp_shared.jobs import JobState
 from dfp_shared.queue import Task
@@ -51,7 +52,7 @@ class TrainJob(JobRunner):
         try:
             with lease:
                 result = self._train(spec, task, ctx)
-        except (TrainError, DataError) as exc:  # bad input: retrying cannot help
+        except (TrainError, DataError, CacheError) as exc:  # bad input: retrying cannot help
             log.error("training cannot start", extra={"job_id": task.job_id, "error": str(exc)})
             finish_job(self.r, task.job_id, JobState.failed, error=str(exc))
             return

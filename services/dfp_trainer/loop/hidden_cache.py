@@ -4,7 +4,8 @@ the trainer's quota, completed with the target (``cache``) and served to the inp
 ``cache``: the missing shards are computed first, shard by shard, each written whole (the ranks split
 them: rank ``r`` takes every ``world``-th), then every epoch reads the cache; a run killed meanwhile
 leaves whole shards, and the next run computes only the rest. A stop asked while filling ends the fill
-between shards; the samples of shards still missing are then computed online and not kept.
+before the next forward request (a shard stopped part-way is not written); the samples of shards still
+missing are then computed online and not kept.
 ``offline``: the cache a ``cache`` job filled must be complete; no target is opened.
 """
 

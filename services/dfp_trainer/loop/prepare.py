@@ -68,7 +68,7 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
 
     With ``hidden_states`` ``cache`` or ``offline`` the source is the cache (:mod:`.hidden_cache`), completed
     here for ``cache``; ``counters`` gets its counts (cached and missing shards, bytes) for the job record,
-    and ``should_stop`` can end its filling between shards."""
+    and ``should_stop`` can end its filling before any forward request (a shard stopped part-way is not written)."""
     spec, endpoint_url = config.spec, config.settings.s3_endpoint_url
     try:
         model_dir = local_model_dir(spec.target, endpoint_url=endpoint_url)

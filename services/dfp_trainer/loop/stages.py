@@ -11,7 +11,9 @@ stage back-pressures the ones before it and memory stays bounded:
 * the training loop consumes with ``next(pipeline)``; the time it spends blocked there is the
   data wait, reported as a fraction of wall time.
 
-An exception in any stage is re-raised in the consumer; ``close()`` stops every thread.
+An exception in any stage is re-raised in the consumer (a refused cache file as itself, a
+:class:`~dfp_shared.hidden_states.CacheError` naming the file, so the job fails with that reason);
+``close()`` stops every thread.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from dfp_shared.hidden_states import CacheError
 
 from ..drafter.batch import Batch
 
@@ -134,6 +137,8 @@ class Pipeline:
         if isinstance(item, _Failure):
             self._done = True
             self.close()
+            if isinstance(item.exc, CacheError):  # bad input, not a fault of the pipeline: its own reason
+                raise item.exc
             raise RuntimeError(f"input pipeline stage {item.stage!r} failed: {item.exc}") from item.exc
         return item
 

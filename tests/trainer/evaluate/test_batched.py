@@ -12,7 +12,7 @@ from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.families import build_drafter
 from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id
 from dfp_trainer.evaluate.batched import ngram_decode_batch, speculative_decode_batch
-from dfp_trainer.evaluate.decode import chat_prompt_ids, speculative_decode
+from dfp_trainer.evaluate.decode import DecodeStopped, chat_prompt_ids, speculative_decode
 from dfp_trainer.evaluate.ngram import ngram_decode
 from pydantic import ValidationError
 
@@ -95,3 +95,34 @@ def test_evaluate_spec_bounds_the_batch():
         EvaluateSpec(**base, batch_size=0)
     with pytest.raises(ValidationError):
         EvaluateSpec(**base, batch_size=65)
+
+
+def test_a_stop_ends_each_decoder_at_the_next_step_and_an_unasked_stop_changes_nothing(tiny_qwen3_dir):
+    with one_thread():
+        tok, target = _loaded(tiny_qwen3_dir)
+        drafter = _drafter(tiny_qwen3_dir, tok, target)
+        prompts = _prompts(tok)[:3]
+        asked = {"n": 0}
+
+        def stop_after(n: int):
+            asked["n"] = 0
+
+            def should_stop() -> bool:
+                asked["n"] += 1
+                return asked["n"] > n
+
+            return should_stop
+
+        for batch_size in (1, 3):  # the lone decoder, then the batched one
+            with pytest.raises(DecodeStopped):
+                speculative_decode_batch(drafter, target, prompts, max_new_tokens=200, batch_size=batch_size,
+                                         should_stop=stop_after(5))
+            assert asked["n"] == 6  # asked before every step: the sixth question ended it
+            with pytest.raises(DecodeStopped):
+                ngram_decode_batch(target, prompts, draft_len=5, max_new_tokens=200, min_n=1, max_n=4,
+                                   batch_size=batch_size, should_stop=stop_after(5))
+            assert asked["n"] == 6
+        plain, _ = speculative_decode_batch(drafter, target, prompts, max_new_tokens=12, batch_size=3)
+        asked_never, _ = speculative_decode_batch(drafter, target, prompts, max_new_tokens=12, batch_size=3,
+                                                  should_stop=lambda: False)
+        assert asked_never == plain

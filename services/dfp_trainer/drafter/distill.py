@@ -92,13 +92,17 @@ def teacher_logits(lm_head: torch.nn.Linear, states: torch.Tensor) -> torch.Tens
 
 
 @torch.no_grad()
-def argmax_labels(lm_head: torch.nn.Linear, teacher: torch.Tensor, prev_pos: torch.Tensor, rows: torch.Tensor,
-                  chunk: int) -> torch.Tensor:
-    """The target's greedy next token (rows,) of the block ``rows``: the argmax of its logits at the sequence
-    position before each (``teacher`` (S, T, H), ``prev_pos`` (S, N*B)), ``chunk`` rows of logits at a time."""
+def argmax_labels(lm_head: torch.nn.Linear, teacher: torch.Tensor, prev_pos: torch.Tensor, labels: torch.Tensor,
+                  scored: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``labels`` (S*N*B,) with each scored block row's replaced by the target's greedy next token there: the
+    argmax of its logits at the sequence position before the row (``teacher`` (S, T, H), ``prev_pos`` (S, N*B),
+    ``scored`` (S, N, B)), ``chunk`` rows of logits at a time."""
+    rows = scored.reshape(-1).nonzero().squeeze(1)
     states = teacher_rows(teacher, prev_pos, rows)
-    return torch.cat([teacher_logits(lm_head, states[i:i + chunk]).argmax(-1)
-                      for i in range(0, states.shape[0], chunk)] or [rows.new_zeros(0)])
+    out = labels.clone()
+    for i in range(0, rows.numel(), chunk):
+        out[rows[i:i + chunk]] = teacher_logits(lm_head, states[i:i + chunk]).argmax(-1)
+    return out
 
 
 def drafter_logits(model, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:

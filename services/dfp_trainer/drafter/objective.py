@@ -160,16 +160,15 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     cfg = model.config
     b = cfg.block_size
     input_ids, loss_mask, target_hidden, lengths = batch.input_ids, batch.loss_mask, batch.target_hidden, batch.lengths
-    if label_source not in LABEL_SOURCES:
-        raise ValueError(f"label_source must be one of {LABEL_SOURCES} (got {label_source!r})")
     target_hidden, teacher = split_teacher(target_hidden, model.fc.in_features, cfg.hidden_size, distill_weight,
                                            required=distill_weight > 0 or label_source == "target_argmax")
     _check_inputs(input_ids, loss_mask, target_hidden, lengths, model.fc.in_features)
     if gamma <= 0 or logits_chunk < 1 or max_anchors < 1:
         raise ValueError(f"gamma ({gamma}), logits_chunk ({logits_chunk}) and max_anchors ({max_anchors}) "
                          f"must be positive")
-    if loss not in LOSSES or not 0 < dpace_alpha <= 1:
-        raise ValueError(f"loss must be one of {LOSSES} (got {loss!r}) and dpace_alpha in (0, 1] (got {dpace_alpha})")
+    if loss not in LOSSES or not 0 < dpace_alpha <= 1 or label_source not in LABEL_SOURCES:
+        raise ValueError(f"loss must be one of {LOSSES} (got {loss!r}), dpace_alpha in (0, 1] (got {dpace_alpha}) "
+                         f"and label_source one of {LABEL_SOURCES} (got {label_source!r})")
     input_ids = input_ids.long()
     s, t = input_ids.shape
     dev = input_ids.device
@@ -188,9 +187,7 @@ def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float =
     prev_pos = (positions - 1).clamp(min=0, max=t - 1).reshape(s, -1)  # teacher forcing: the true token before
     flat_prev = torch.gather(input_ids, 1, prev_pos).reshape(-1)
     if label_source == "target_argmax":  # the target's greedy token wherever a position is trained
-        relabelled = scored.reshape(-1).nonzero().squeeze(1)
-        flat_labels = flat_labels.clone()
-        flat_labels[relabelled] = argmax_labels(model.target_lm_head, teacher, prev_pos, relabelled, logits_chunk)
+        flat_labels = argmax_labels(model.target_lm_head, teacher, prev_pos, flat_labels, scored, logits_chunk)
     label_map = model.label_map()
     if label_map is not None:  # draft ids; positions without one cannot be drafted right: no loss there
         flat_labels = label_map[flat_labels]

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..drafter.batch import Batch
+from ...drafter.batch import Batch
 
 _END = object()
 

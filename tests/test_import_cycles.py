@@ -156,12 +156,14 @@ def test_the_umbrella_imports_the_development_registry_only_once_it_is_found():
 
 
 TRAINER = "dfp_trainer"
-ROOMS = ("drafter", "loop", "evaluate", "export", "jobs")
+ROOMS = ("drafter", "components", "loop", "evaluate", "export", "jobs")
 # plain configuration every room may read: the trainer's settings, and the run's composed config
 GROUND = (f"{TRAINER}.settings", f"{TRAINER}.run_config")
-# what each room may import of the trainer besides itself and GROUND (``loop`` runs mid-training evaluations)
-ROOM_MAY_IMPORT = {"drafter": (), "evaluate": ("drafter",), "export": ("drafter",), "loop": ("drafter", "evaluate"),
-                   "jobs": ("drafter", "evaluate", "export", "loop")}
+# what each room may import of the trainer besides itself and GROUND (the metrics log of ``components`` runs
+# mid-training evaluations)
+ROOM_MAY_IMPORT = {"drafter": (), "evaluate": ("drafter",), "export": ("drafter",),
+                   "components": ("drafter", "evaluate"), "loop": ("drafter", "evaluate", "components"),
+                   "jobs": ("drafter", "evaluate", "export", "components", "loop")}
 # the top-level modules a job handler may import besides GROUND: the run it starts and the trainer group's leases
 JOBS_MAY_IMPORT_TOP = (f"{TRAINER}.run", f"{TRAINER}.group")
 
@@ -181,9 +183,11 @@ def test_the_trainer_rooms_are_packages():
 
 
 def test_trainer_floors_no_room_imports_upwards():
-    """``drafter`` is the lowest floor; ``evaluate`` and ``export`` stand on it, ``loop`` on them, ``jobs`` (the
-    job types' handlers, which start runs) on all of them and the run; the top level (CLI, worker, run, report)
-    on all rooms. No room imports a top-level module but the plain configuration."""
+    """``drafter`` is the lowest floor; ``evaluate`` and ``export`` stand on it, ``components`` (what the training
+    loop is built from: checkpoint, optimizer, loss recipe, data, metrics, distributed) on ``drafter`` and
+    ``evaluate``, ``loop`` (the training loop's own modules) on them, ``jobs`` (the job types' handlers, which
+    start runs) on all of them and the run; the top level (CLI, worker, run, report) on all rooms. No room imports
+    a top-level module but the plain configuration."""
     wrong = []
     for module, targets in import_graph().items():
         room = trainer_place(module)
@@ -231,4 +235,20 @@ def test_a_drafter_family_imports_only_the_shared_backbone():
             if trainer_place(target) == "drafter" and not (target == FAMILIES or target.startswith(FAMILIES + ".")):
                 continue
             wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_components_stand_below_the_loop_and_the_drafter_below_both():
+    """Stated on its own, whatever the floors above allow: nothing in ``components`` imports the loop, the jobs
+    or the top level (the worker, the run, the report, ...), and the drafter imports neither ``components``
+    nor ``loop``."""
+    wrong = []
+    for module, targets in import_graph().items():
+        room = trainer_place(module)
+        for target in targets:
+            place = trainer_place(target)
+            if room == "components" and (place in ("loop", "jobs") or (place == "top" and target not in GROUND)):
+                wrong.append(f"{module} imports {target}")
+            if room == "drafter" and place in ("components", "loop"):
+                wrong.append(f"{module} imports {target}")
     assert not wrong, "\n".join(sorted(wrong))

@@ -53,7 +53,7 @@ def children_gauges(settings: TrainerSettings) -> None:
     import atexit
     import os
 
-    from .loop.gauges import MULTIPROC_ENV, serve_children_gauges
+    from .components.metrics.gauges import MULTIPROC_ENV, serve_children_gauges
     from .settings import scratch_dir
 
     tmp = scratch_dir(settings.work_dir, "dflash-gauges-")
@@ -81,7 +81,7 @@ def train(dataset, target, output, overrides, no_resume, settings: TrainerSettin
         raise click.UsageError(str(exc)) from None
     if settings.nproc_per_node > 1:
         raise click.UsageError("trainer train runs one process; use torchrun -m dfp_trainer.run for several")
-    from .loop.data import DataError
+    from .components.data.dataset import DataError
     from .loop.prepare import TrainError
 
     try:

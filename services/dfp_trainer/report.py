@@ -27,6 +27,7 @@ from dfp_shared.models import load_causal_lm
 from dfp_shared.stop_tokens import stop_token_ids
 from dfp_shared.storage import open_store
 
+from .components.metrics.heldout import evaluate_heldout, initial_weights
 from .drafter.wrappers import unwrap
 from .evaluate.ngram import ngram_decode
 from .evaluate.prediction import serve_gap
@@ -34,7 +35,6 @@ from .evaluate.prompts import eval_prompts
 from .evaluate.tau import tau_figures, tau_of
 from .export import speculators, zlab
 from .export.serving import local_path, serving_commands
-from .loop.heldout import evaluate_heldout, initial_weights
 from .plots import plot_loss, plot_position_accuracy, plot_tau
 from .settings import scratch_dir
 

@@ -21,8 +21,8 @@ from dfp_shared.hidden_states import CacheError
 from dfp_shared.signals import StopSignals
 from dfp_shared.specs.train import TrainSpec
 
-from .loop.data import DataError
-from .loop.distributed import DistInfo, init_distributed, shutdown
+from .components.data.dataset import DataError
+from .components.distributed import DistInfo, init_distributed, shutdown
 from .loop.prepare import Setup, TrainError
 from .loop.progress import job_hooks
 from .loop.train import Hooks, Training, TrainResult

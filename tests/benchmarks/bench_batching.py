@@ -1,7 +1,7 @@
 """Batch assembly throughput (tokens/s) for the trainer's input pipeline.
 
 Project: the trainer's path — the token dataset loaded once into flat tensors
-(``dfp_trainer.loop.data``: manifest -> safetensors shards), batches planned under a token budget with
+(``dfp_trainer.components.data.dataset``: manifest -> safetensors shards), batches planned under a token budget with
 length bucketing, each batch filled by one slice copy per sample into zeroed tensors (``collate``).
 Baseline: the common path — a Hugging Face dataset from ``datasets.load_from_disk``, ``dataset[i]``
 random access per sample and padding through Python lists, then ``torch.tensor``.
@@ -28,8 +28,8 @@ import torch
 from _common import best_of, report
 from dfp_shared.storage import open_store
 from dfp_shared.token_shards import build_manifest, encode_shard, shard_entry
-from dfp_trainer.drafter.batch import collate
-from dfp_trainer.loop.data import BatchSampler, load_training_data
+from dfp_trainer.components.data.collate import collate
+from dfp_trainer.components.data.dataset import BatchSampler, load_training_data
 
 
 def synthetic(num: int, mean_length: float = 1800, max_length: int = 3072, seed: int = 0

@@ -6,7 +6,7 @@ awaits that long (a remote target service answering), the step sleeps that long 
 which releases the GIL as CUDA kernels do). Batch building (``collate``) and the padded
 hidden-state assembly (``fetch_hidden``) are the trainer's real code on a synthetic dataset.
 
-Project: ``dfp_trainer.loop.stages.Pipeline`` — build, fetch (several requests in flight), copy and
+Project: ``dfp_trainer.components.data.stages.Pipeline`` — build, fetch (several requests in flight), copy and
 step concurrently. Baseline: the same stages one after another. Limit: the slowest stage alone
 (the step, ``1 / cost`` steps/s).
 """
@@ -20,9 +20,9 @@ import time
 import torch
 from _common import report
 from dfp_shared.token_shards import TokenDataset
-from dfp_trainer.drafter.batch import collate, fetch_hidden
-from dfp_trainer.loop.data import BatchSampler
-from dfp_trainer.loop.stages import DeviceCopier, Pipeline
+from dfp_trainer.components.data.collate import collate, fetch_hidden
+from dfp_trainer.components.data.dataset import BatchSampler
+from dfp_trainer.components.data.stages import DeviceCopier, Pipeline
 
 
 class SimulatedTarget:

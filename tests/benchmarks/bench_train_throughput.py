@@ -119,9 +119,9 @@ def main() -> None:
     from dfp_shared.specs.train import TrainSpec
     from dfp_shared.storage import open_store
     from dfp_shared.token_shards import load_dataset
-    from dfp_trainer.drafter.batch import collate
-    from dfp_trainer.loop.data import BatchSampler
-    from dfp_trainer.loop.distributed import DistInfo
+    from dfp_trainer.components.data.collate import collate
+    from dfp_trainer.components.data.dataset import BatchSampler
+    from dfp_trainer.components.distributed import DistInfo
     from dfp_trainer.run import train
     from dfp_trainer.run_config import RunConfig
     from dfp_trainer.settings import TrainerSettings

@@ -51,11 +51,12 @@ from dfp_shared.hidden_states.shm_transport import HEADER_BYTES, ShmPool
 from dfp_shared.token_shards import TokenDataset
 from dfp_target.server import TargetServer
 from dfp_target.settings import TargetSettings
-from dfp_trainer.drafter.batch import Batch, collate, fetch_hidden
+from dfp_trainer.components.data.collate import collate, fetch_hidden
+from dfp_trainer.components.data.stages import DeviceCopier, Pipeline
+from dfp_trainer.drafter.batch import Batch
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.model import DFlashDrafter
 from dfp_trainer.drafter.objective import dflash_loss
-from dfp_trainer.loop.stages import DeviceCopier, Pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_GPUS = 8

@@ -9,9 +9,10 @@ import torch
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage import open_store
 from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_trainer.components.data.draft_vocab import required_token_ids
 from dfp_trainer.drafter.load import load_exported
 from dfp_trainer.drafter.target_parts import load_target_parts
-from dfp_trainer.drafter.vocab import required_token_ids, target_ids_of
+from dfp_trainer.drafter.vocab import target_ids_of
 from dfp_trainer.loop.prepare import TrainError
 from dfp_trainer.run import run_local
 from dfp_trainer.settings import TrainerSettings

@@ -9,9 +9,9 @@ import pytest
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.tokenizer_assets import load_tokenizer
 from dfp_trainer import run
+from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.target_parts import load_target_parts
-from dfp_trainer.loop.distributed import DistInfo
 from dfp_trainer.loop.prepare import TrainError, prepare
 from dfp_trainer.run_config import RunConfig
 from dfp_trainer.settings import TrainerSettings

@@ -10,7 +10,7 @@
   (``AutoModel`` with ``trust_remote_code``); it imports torch and transformers only, never this package;
 * :mod:`.objective` - the training objective (anchors, block targets, the loss and its metrics);
 * :mod:`.batch` - the :class:`~.batch.Batch` the model, the objective, the training loop and the evaluations
-  speak, :func:`~.batch.collate` and :func:`~.batch.fetch_hidden`;
+  speak (collated from the token dataset by :mod:`dfp_trainer.components.data.collate`);
 * :mod:`.load` - an exported drafter loaded back; :mod:`.wrappers` - the drafter inside DDP / compile.
 
 * :mod:`.family` - the family registry (:class:`~.family.DrafterFamily`: one spec per family);

@@ -27,8 +27,7 @@ stops acceptance), scored as wrong in the accuracies, and counted as ``out_of_vo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, get_args
+from typing import get_args
 
 import torch
 from dfp_shared.specs.train import LabelSource, LossKind
@@ -105,35 +104,6 @@ def dpace_weights(ce: torch.Tensor, trained: torch.Tensor, alpha: float) -> torc
 
 def _chunk_loss(hidden: torch.Tensor, labels: torch.Tensor, prev_ids: torch.Tensor, model: torch.nn.Module):
     return model.head_loss(hidden, labels, prev_ids)  # (chunk,) cross-entropy, argmax hits, the family's extra loss
-
-
-@dataclass(frozen=True)
-class LossRecipe:
-    """The training objective's settings, as one typed object (a train spec's, :meth:`from_spec`); the keyword
-    arguments of :func:`dflash_loss` beside the batch, the generator and the compute settings."""
-
-    max_anchors: int = 512  # anchor positions sampled per sequence
-    gamma: float = 7.0  # decay of the block positions' weights, exp(-(k-1)/gamma)
-    noise_std: float = 0.0  # Gaussian noise added to the target features
-    loss: str = "decay"  # one of LOSSES
-    dpace_alpha: float = 0.5  # smoothing of the D-PACE confidences
-    confidence_weight: float = 0.0  # weight of a DSpark drafter's confidence-head BCE
-    distill_weight: float = 0.0  # share of the forward KL from the target's distribution (:mod:`.distill`)
-    loss_norm: str = "weights"  # the decay loss divided by its weights' sum, or by the trained positions
-    anchor_spread: str = "sequence"  # max_anchors in each sequence, or max_anchors times the sequences over the batch
-    label_source: str = "data"  # one of LABEL_SOURCES: the data's next token, or the target's greedy one
-
-    @classmethod
-    def from_spec(cls, spec: Any) -> LossRecipe:
-        """The recipe a train spec asks for."""
-        return cls(max_anchors=spec.max_anchors, gamma=spec.gamma, noise_std=spec.noise_std, loss=spec.loss,
-                   dpace_alpha=spec.dpace_alpha, confidence_weight=spec.confidence_loss_weight,
-                   distill_weight=spec.distill_weight, loss_norm=spec.loss_norm, anchor_spread=spec.anchor_spread,
-                   label_source=spec.labels)
-
-    def kwargs(self) -> dict[str, Any]:
-        """The recipe as :func:`dflash_loss`'s keyword arguments."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def dflash_loss(drafter, batch: Batch, *, max_anchors: int = 512, gamma: float = 7.0, noise_std: float = 0.0,

@@ -2,7 +2,7 @@
 
 One task (the plan task, on the ``train`` stream) fills the whole cache under the spec's ``output``:
 the target's features of every sample of the dataset for the drafter's layers, shard by shard, each
-written whole (:mod:`..loop.hidden_cache`), so a train job with ``hidden_states: offline`` then runs
+written whole (:mod:`..components.data.hidden_cache`), so a train job with ``hidden_states: offline`` then runs
 without a target. Admitted as every job task is (:class:`~dfp_shared.worker.JobHandler`: spec validated,
 storage URIs checked, the cache prefix claimed for the job's owner). A stop (SIGTERM) or a cancel ends
 the fill before the next forward request, inside a shard too (:meth:`~dfp_shared.worker.TaskContext.stop_check`: the
@@ -33,9 +33,9 @@ from dfp_shared.specs.cache import CacheSpec
 from dfp_shared.token_shards import DatasetError, load_dataset
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
+from ..components.data.hidden_cache import complete, open_cache, run_key
+from ..components.distributed import DistInfo
 from ..drafter.distill import teacher_layer_ids
-from ..loop.distributed import DistInfo
-from ..loop.hidden_cache import complete, open_cache, run_key
 from ..loop.prepare import TrainError, check_source, open_source
 from ..settings import TrainerSettings
 from .base import JobRunner

@@ -26,8 +26,8 @@ from dfp_shared.queue import Task
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
+from ..components.data.dataset import DataError
 from ..group import GroupRuns, TrainLease
-from ..loop.data import DataError
 from ..loop.prepare import TrainError
 from ..run import run_local
 from ..settings import scratch_dir

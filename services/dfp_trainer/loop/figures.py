@@ -1,7 +1,7 @@
 """A step's numbers turned into the run's figures, in one place: the history row (reduced over ranks:
 loss, accuracy, LR, gradient norm, throughput, data-wait and communication shares, accuracy per block
 position, per-node figures of a trainer group), this node's Prometheus gauges, the live metrics log
-(:mod:`.metrics_log`, with its mid-training evaluations) and the job's progress."""
+(:mod:`..components.metrics.metrics_log`, with its mid-training evaluations) and the job's progress."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import time
 
 import torch
 
+from ..components.data.stages import Pipeline, WaitMeter
+from ..components.distributed import DistInfo, node_figures, reduce_metrics
+from ..components.metrics.gauges import set_node_gauges
+from ..components.metrics.metrics_log import MetricsLog
 from ..run_config import RunConfig
-from .distributed import DistInfo, node_figures, reduce_metrics
-from .gauges import set_node_gauges
-from .metrics_log import MetricsLog
 from .prepare import Setup
-from .stages import Pipeline, WaitMeter
 from .state import TrainState
 
 

@@ -1,4 +1,4 @@
-"""The run's micro-batches through the input pipeline (:mod:`.stages`): planned by the sampler from the
+"""The run's micro-batches through the input pipeline (:mod:`..components.data.stages`): planned by the sampler from the
 state's step on, split per rank and accumulation step, collated, given their target features by the
 hidden-state source, copied to the training device."""
 
@@ -8,12 +8,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..drafter.batch import Batch, collate, fetch_hidden
+from ..components.data.collate import collate, fetch_hidden
+from ..components.data.dataset import micro_batches, rank_share
+from ..components.data.stages import DeviceCopier, Pipeline
+from ..components.distributed import DistInfo
+from ..drafter.batch import Batch
 from ..run_config import RunConfig
-from .data import micro_batches, rank_share
-from .distributed import DistInfo
 from .prepare import Setup
-from .stages import DeviceCopier, Pipeline
 from .state import TrainState
 
 

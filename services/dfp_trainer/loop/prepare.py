@@ -19,15 +19,21 @@ from dfp_shared.tokenizer_assets import (
     tokenizer_fingerprint,
 )
 
+from ..components.data.dataset import load_training_data, trainable_samples
+from ..components.data.draft_vocab import (
+    VocabError,
+    choose_draft_vocab,
+    coverage,
+    required_token_ids,
+    trained_token_counts,
+)
+from ..components.data.hidden_cache import cached_source
+from ..components.distributed import DistInfo
 from ..drafter.distill import check_teacher_target, teacher_layer_ids
 from ..drafter.families import build_drafter
 from ..drafter.init_from_target import init_from_target_layers
 from ..drafter.target_parts import load_target_parts
-from ..drafter.vocab import VocabError, choose_draft_vocab, coverage, required_token_ids, trained_token_counts
 from ..run_config import RunConfig
-from .data import load_training_data, trainable_samples
-from .distributed import DistInfo
-from .hidden_cache import cached_source
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +55,7 @@ class Setup:
     eval_index: torch.Tensor
     train_pool: torch.Tensor
     max_tokens_per_request: int | None
-    draft_vocab: dict | None = None  # a pruned vocabulary's coverage of the trained tokens (:func:`~..drafter.vocab.coverage`)
+    draft_vocab: dict | None = None  # a pruned vocabulary's coverage of the trained tokens (:func:`~..components.data.draft_vocab.coverage`)
     teacher_layer_ids: list[int] = field(default_factory=list)  # the target's last layer when the run distils
 
     @property
@@ -66,9 +72,10 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
             should_stop: Callable[[], bool] | None = None) -> Setup:
     """Load and check the run's inputs; every problem raises :class:`TrainError` before training.
 
-    With ``hidden_states`` ``cache`` or ``offline`` the source is the cache (:mod:`.hidden_cache`), completed
-    here for ``cache``; ``counters`` gets its counts (cached and missing shards, bytes) for the job record,
-    and ``should_stop`` can end its filling before any forward request (a shard stopped part-way is not written)."""
+    With ``hidden_states`` ``cache`` or ``offline`` the source is the cache
+    (:mod:`..components.data.hidden_cache`), completed here for ``cache``; ``counters`` gets its counts (cached
+    and missing shards, bytes) for the job record, and ``should_stop`` can end its filling before any forward
+    request (a shard stopped part-way is not written)."""
     spec, endpoint_url = config.spec, config.settings.s3_endpoint_url
     try:
         model_dir = local_model_dir(spec.target, endpoint_url=endpoint_url)
@@ -163,8 +170,8 @@ def init_from_target(drafter: torch.nn.Module, model_dir) -> None:
 
 
 def choose_vocab(spec: TrainSpec, tokenizer, dataset, train_pool: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, dict]:
-    """The pruned draft vocabulary of the run (:mod:`..drafter.vocab`): its target ids and its coverage of the
-    training samples' trained tokens; :class:`TrainError` when it cannot be built."""
+    """The pruned draft vocabulary of the run (:mod:`..components.data.draft_vocab`): its target ids and its
+    coverage of the training samples' trained tokens; :class:`TrainError` when it cannot be built."""
     try:
         counts = trained_token_counts(dataset.input_ids, dataset.loss_mask, dataset.offsets, train_pool, vocab_size,
                                       spec.max_length)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from .metrics_log import EVAL_KEYS
+from ..components.metrics.metrics_log import EVAL_KEYS
 from .train import Hooks
 
 log = logging.getLogger(__name__)

@@ -15,12 +15,12 @@ import torch
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage import open_store
 
+from ..components.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
+from ..components.data.dataset import BatchSampler
+from ..components.distributed import CommTimer, DistInfo, barrier, wrap_model
+from ..components.optimizer import lr_lambda, make_optimizer
 from ..drafter.wrappers import unwrap
 from ..run_config import RunConfig
-from .checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
-from .data import BatchSampler
-from .distributed import CommTimer, DistInfo, barrier, wrap_model
-from .optimizer import lr_lambda, make_optimizer
 from .prepare import Setup, TrainError
 
 log = logging.getLogger(__name__)

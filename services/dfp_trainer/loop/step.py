@@ -8,8 +8,9 @@ import contextlib
 import torch
 from dfp_shared.specs.train import TrainSpec
 
-from ..drafter.objective import LossRecipe, dflash_loss
-from .data import step_seed
+from ..components.data.dataset import step_seed
+from ..components.loss import LossRecipe
+from ..drafter.objective import dflash_loss
 from .inputs import Item
 from .state import TrainState
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..components.data.stages import DeviceCopier, Pipeline
+from ..components.distributed import DistInfo, barrier, broadcast_flag
 from ..run_config import RunConfig
-from .distributed import DistInfo, barrier, broadcast_flag
 from .figures import StepFigures
 from .inputs import input_pipeline
 from .prepare import Setup, prepare
-from .stages import DeviceCopier, Pipeline
 from .state import TrainState
 from .step import train_micro_batch
 

@@ -156,7 +156,7 @@ def test_the_spec_bounds_the_weight_and_refuses_what_cannot_be_distilled():
 
 def test_a_distilling_run_whose_drafter_reads_the_last_layer_is_refused_before_training(tmp_path, tiny_qwen3_dir,
                                                                                       tiny_dataset):
-    from dfp_trainer.loop.distributed import DistInfo
+    from dfp_trainer.components.distributed import DistInfo
     from dfp_trainer.loop.prepare import TrainError
     from dfp_trainer.run import train
 

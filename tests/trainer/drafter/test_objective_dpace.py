@@ -96,7 +96,7 @@ def test_bad_loss_settings_are_named(kwargs):
 
 def test_a_train_job_with_the_dpace_loss_trains(tmp_path, tiny_qwen3_dir, tiny_dataset):
     from dfp_shared.specs.train import TrainSpec
-    from dfp_trainer.loop.distributed import DistInfo
+    from dfp_trainer.components.distributed import DistInfo
     from dfp_trainer.run import train
 
     steps = 12

@@ -5,18 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 from dfp_shared.tokenizer_assets import load_tokenizer
-from dfp_trainer.drafter.batch import Batch
-from dfp_trainer.drafter.objective import dflash_loss
-from dfp_trainer.drafter.vocab import (
+from dfp_trainer.components.data.draft_vocab import (
     VocabError,
     choose_draft_vocab,
     coverage,
-    d2t_of,
     required_token_ids,
-    target_ids_of,
-    target_to_draft,
     trained_token_counts,
 )
+from dfp_trainer.drafter.batch import Batch
+from dfp_trainer.drafter.objective import dflash_loss
+from dfp_trainer.drafter.vocab import d2t_of, target_ids_of, target_to_draft
 
 from tests.trainer.drafter_support import small_drafter
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from dfp_shared.models import load_causal_lm
 from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_trainer.components.metrics.heldout import heldout_metrics
 from dfp_trainer.drafter.batch import Batch
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.model import DFlashDrafter
@@ -16,7 +17,6 @@ from dfp_trainer.drafter.objective import dflash_loss
 from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id
 from dfp_trainer.evaluate.acceptance import acceptance_length
 from dfp_trainer.evaluate.decode import chat_prompt_ids, target_features
-from dfp_trainer.loop.heldout import heldout_metrics
 
 from tests.trainer.drafter_support import chat_prompts, one_thread
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage import open_store
+from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.drafter.load import load_exported
 from dfp_trainer.drafter.target_parts import load_target_parts
 from dfp_trainer.export import zlab as export_module
-from dfp_trainer.loop.distributed import DistInfo
 from dfp_trainer.loop.prepare import TrainError, prepare
 from dfp_trainer.run import run_local
 from dfp_trainer.settings import TrainerSettings, scratch_dir

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 from dfp_shared.specs.train import TrainSpec
-from dfp_trainer.loop.distributed import DistInfo
+from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.loop.prepare import TrainError, prepare
 
 from tests.trainer.train_support import run_config, tiny_spec

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from dfp_trainer.loop.distributed import DistInfo
+from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.run import train
 
 from tests.trainer.train_support import final_weights, run_config, subprocess_env, tiny_spec, torch_threads

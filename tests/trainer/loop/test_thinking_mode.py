@@ -14,7 +14,7 @@ from dfp_shared.submit import queue_job
 from dfp_shared.token_shards import load_dataset
 from dfp_shared.worker import Worker
 from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler
-from dfp_trainer.loop.distributed import DistInfo
+from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.loop.prepare import TrainError, prepare
 
 from tests.trainer.data_support import TOPICS

@@ -4,7 +4,7 @@ target's generations: the training loss falls and the trained drafter's τ beats
 from __future__ import annotations
 
 from dfp_shared.specs.train import TrainSpec
-from dfp_trainer.loop.distributed import DistInfo
+from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.run import train
 
 from tests.trainer.train_support import run_config, tiny_spec, torch_threads

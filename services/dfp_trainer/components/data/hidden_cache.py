@@ -25,8 +25,8 @@ from dfp_shared.hidden_states import (
 )
 from dfp_shared.token_shards import TokenDataset
 
-from ..settings import TrainerSettings
-from .distributed import DistInfo, barrier
+from ...settings import TrainerSettings
+from ..distributed import DistInfo, barrier
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from dfp_shared.jobs import JobStore
 from dfp_shared.storage import open_store
-from dfp_trainer.loop.distributed import DistInfo
+from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.loop.progress import job_hooks
 from dfp_trainer.run import train
 

@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 from dfp_shared.specs.train import TrainSpec
-from dfp_trainer.loop.distributed import DistInfo
-from dfp_trainer.loop.optimizer import MuonAdamW, lr_lambda, make_optimizer
+from dfp_trainer.components.distributed import DistInfo
+from dfp_trainer.components.optimizer import MuonAdamW, lr_lambda, make_optimizer
 from dfp_trainer.run import train
 
 from tests.trainer.train_support import final_weights, run_config, tiny_spec, torch_threads

@@ -18,8 +18,8 @@ import pytest
 import torch
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage import open_store
-from dfp_trainer.loop.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
-from dfp_trainer.loop.distributed import DistInfo
+from dfp_trainer.components.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
+from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.loop.prepare import TrainError
 from dfp_trainer.run import train
 

@@ -31,12 +31,12 @@ from pathlib import Path
 import torch
 from dfp_shared.storage import open_store
 
-from ..evaluate.prediction import predicted_tau_cut
-from ..evaluate.prompts import eval_prompts
-from ..evaluate.tau import tau_of
-from ..run_config import RunConfig
-from ..settings import scratch_dir
-from .distributed import DistInfo, barrier
+from ...evaluate.prediction import predicted_tau_cut
+from ...evaluate.prompts import eval_prompts
+from ...evaluate.tau import tau_of
+from ...run_config import RunConfig
+from ...settings import scratch_dir
+from ..distributed import DistInfo, barrier
 from .heldout import heldout_batches, heldout_metrics
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,10 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from ..drafter.batch import Batch, collate, fetch_hidden
-from ..drafter.objective import dflash_loss
-from ..drafter.wrappers import unwrap
+from ...drafter.batch import Batch
+from ...drafter.objective import dflash_loss
+from ...drafter.wrappers import unwrap
+from ..data.collate import collate, fetch_hidden
 
 
 @contextlib.contextmanager

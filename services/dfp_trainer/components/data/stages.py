@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from dfp_shared.hidden_states import CacheError
 
-from ..drafter.batch import Batch
+from ...drafter.batch import Batch
 
 _END = object()
 

@@ -19,7 +19,7 @@ from dfp_shared.hidden_states import (
 from dfp_shared.models import model_fingerprint
 from dfp_shared.storage import open_store
 from dfp_shared.token_shards import load_dataset
-from dfp_trainer.loop.distributed import DistInfo
+from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.loop.prepare import TrainError
 from dfp_trainer.run import train
 from safetensors.torch import load as st_load

@@ -8,8 +8,8 @@ import time
 
 import pytest
 import torch
-from dfp_trainer.drafter.batch import fetch_hidden
-from dfp_trainer.loop.stages import Pipeline
+from dfp_trainer.components.data.collate import fetch_hidden
+from dfp_trainer.components.data.stages import Pipeline
 from dfp_trainer.loop.train import summarise
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from dfp_shared.token_shards import load_dataset
-from dfp_trainer.drafter.batch import collate
-from dfp_trainer.loop.data import (
+from dfp_trainer.components.data.collate import collate
+from dfp_trainer.components.data.dataset import (
     BatchSampler,
     DataError,
     load_training_data,

@@ -11,9 +11,9 @@ shards -> three flat tensors). Batches are index tensors planned per epoch with 
    gets the same number of samples;
 4. the batch order shuffled again.
 
-Collation (:func:`~dfp_trainer.drafter.batch.collate`, beside the :class:`~dfp_trainer.drafter.batch.Batch`
-it builds) copies each sample's contiguous slice of the flat buffers into the padded ``(B, T)`` tensors;
-no per-token Python work.
+Collation (:func:`~.collate.collate`, into the drafter's :class:`~dfp_trainer.drafter.batch.Batch`) copies
+each sample's contiguous slice of the flat buffers into the padded ``(B, T)`` tensors; no per-token Python
+work.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.submit import queue_job
 from dfp_shared.token_shards import DatasetError, encode_shard, load_dataset
 from dfp_shared.worker import Worker
-from dfp_trainer.loop.hidden_cache import run_key
+from dfp_trainer.components.data.hidden_cache import run_key
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler
 

@@ -177,10 +177,11 @@ def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, lever: bo
 
 
 def curve_point(stages: Stages, ctx: dict, size: int, records: list[dict], recipes: dict, epochs: float,
-                eval_batch: int) -> list[dict]:
+                decode_check: bool) -> list[dict]:
     """One data size of the curve: its own answers tokenized, every recipe trained ``epochs`` passes over them
-    (the target's hidden states cached once per size, shared by the recipes), each evaluated on MT-Bench and the
-    held-out slice."""
+    (the target's hidden states cached once per size, shared by the recipes), each evaluated by replay on the
+    target's greedy answers to MT-Bench and the held-out slice; with ``decode_check`` the base recipe's drafter is
+    also evaluated by real decoding, beside its replay."""
     model, chosen = ctx["model"], records[:size]
     answers_key = digest(model.name, chosen, quality_curve.SAMPLE_MAX_TOKENS)
     answers = stages.run(f"answers.{size}", answers_key, lambda out: quality_curve.write_completions(chosen, out))
@@ -192,22 +193,35 @@ def curve_point(stages: Stages, ctx: dict, size: int, records: list[dict], recip
     for name, recipe in recipes.items():
         key = digest(answers_key, recipe, steps)
         run = stages.run(f"train-curve.{name}.{size}", key, lambda out, r=recipe: train(model, dataset, r, steps, out))
-        evaluated = stages.run(f"evaluate-curve.{name}.{size}", digest(key, ctx["eval_key"], eval_batch), lambda out, run=run: evaluate(
-            model, run / "drafter", [ctx["mtbench"], ctx["heldout"]], ctx["eval_prompts"], ctx["eval_new_tokens"], out,
-            batch_size=eval_batch))
-        mt, held = json.loads((evaluated / "evaluation.json").read_text())["sets"]
+        replayed = stages.run(f"replay-curve.{name}.{size}", digest(key, ctx["greedy_key"]), lambda out, run=run: (
+            out.mkdir(parents=True, exist_ok=True), (out / "replay.json").write_text(json.dumps({
+                which: quality_curve.replay_tau(model, run / "drafter", ctx["greedy"][which], ctx["eval_new_tokens"])
+                for which in ("mtbench", "heldout")}))))
+        found = json.loads((replayed / "replay.json").read_text())
+        mt, held = found["mtbench"], found["heldout"]
         point = {"recipe": name, "conversations": len(chosen), "tokens": tokens, "trained_tokens": trained,
-                 "steps": steps, "tau_mtbench": mt["dflash"]["tau"], "tau_ngram_mtbench": mt["ngram"]["tau"],
-                 "tau_heldout": held["dflash"]["tau"], "tau_ngram_heldout": held["ngram"]["tau"],
-                 "mtbench_prompts": len(mt["per_prompt"]), "heldout_prompts": len(held["per_prompt"]),
-                 "position_acceptance_mtbench": [round(p, 3) for p in mt["dflash"]["position_acceptance"]],
-                 "outputs_equal": all(p["outputs_equal"] for s in (mt, held) for p in s["per_prompt"]),
-                 "eval_tokens_per_s": round(mt["dflash"]["tokens_per_s"], 2),
+                 "steps": steps, "tau_mtbench": mt["tau"], "tau_ngram_mtbench": ctx["ngram"]["mtbench"]["tau"],
+                 "tau_heldout": held["tau"], "tau_ngram_heldout": ctx["ngram"]["heldout"]["tau"],
+                 "tau_vllm_count_mtbench": mt["tau_vllm"], "mtbench_prompts": mt["prompts"],
+                 "heldout_prompts": held["prompts"],
+                 "position_acceptance_mtbench": [round(p, 3) for p in mt["position_acceptance"]],
                  "train_seconds": stages.times[f"train-curve.{name}.{size}"],
-                 "eval_seconds": stages.times[f"evaluate-curve.{name}.{size}"], **bench_quality.train_figures(run)}
+                 "eval_seconds": stages.times[f"replay-curve.{name}.{size}"], **bench_quality.train_figures(run)}
+        if decode_check and name == "base":
+            evaluated = stages.run(f"evaluate-curve.{name}.{size}", digest(key, ctx["eval_key"], ctx["eval_batch"]),
+                                   lambda out, run=run: evaluate(
+                model, run / "drafter", [ctx["mtbench"], ctx["heldout"]], ctx["eval_prompts"], ctx["eval_new_tokens"],
+                out, batch_size=ctx["eval_batch"]))
+            dec_mt, dec_held = json.loads((evaluated / "evaluation.json").read_text())["sets"]
+            point.update(decode_check={
+                "tau_mtbench": dec_mt["dflash"]["tau"], "tau_heldout": dec_held["dflash"]["tau"],
+                "tau_ngram_mtbench": dec_mt["ngram"]["tau"], "tau_ngram_heldout": dec_held["ngram"]["tau"],
+                "outputs_equal": all(p["outputs_equal"] for s in (dec_mt, dec_held) for p in s["per_prompt"]),
+                "seconds": stages.times[f"evaluate-curve.{name}.{size}"]})
         print(f"  curve {name} @ {size} conversations ({trained:,} trained tokens, {steps} steps): "
               f"MT-Bench {point['tau_mtbench']:.3f} (n-gram {point['tau_ngram_mtbench']:.3f}), held-out "
-              f"{point['tau_heldout']:.3f} (n-gram {point['tau_ngram_heldout']:.3f})", flush=True)
+              f"{point['tau_heldout']:.3f} (n-gram {point['tau_ngram_heldout']:.3f})"
+              + (f"; decoded: {point['decode_check']}" if "decode_check" in point else ""), flush=True)
         points.append(point)
     return points
 
@@ -224,8 +238,18 @@ def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
     recipes = {n: BASE_RECIPE if n == "base" else {**BASE_RECIPE, **LEVERS[n]} for n in names}
     records, counts = quality_curve.own_answers(sharegpt_file(), HELD_OUT_ONE_IN, MAX_PROMPT_CHARS, max(sizes))
     print(f"  own answers: {counts}; sizes {sizes} of {len(records)} available", flush=True)
-    points = [p for size in sizes if size <= len(records) for p in curve_point(
-        stages, ctx, size, records, recipes, args.curve_epochs, args.eval_batch)]
+    draft_len = BASE_RECIPE["block_size"] - 1
+    if any(r["block_size"] - 1 != draft_len for r in recipes.values()):
+        raise SystemExit("--curve-recipes: every recipe of a curve drafts the same block (n-gram's τ is shared)")
+    greedy = {which: stages.run(f"greedy.{which}", digest(ctx["eval_key"], which, draft_len, args.eval_batch),
+                                lambda out, which=which: quality_curve.greedy_outputs(
+                                    ctx["model"], ctx[which], args.eval_prompts, args.eval_new_tokens, draft_len,
+                                    args.eval_batch, out))
+              for which in ("mtbench", "heldout")}
+    ctx.update(greedy=greedy, greedy_key=digest(ctx["eval_key"], draft_len, "greedy"), eval_batch=args.eval_batch,
+               ngram={w: json.loads((g / "greedy.json").read_text())["ngram"] for w, g in greedy.items()})
+    points = [p for i, size in enumerate(s for s in sizes if s <= len(records)) for p in curve_point(
+        stages, ctx, size, records, recipes, args.curve_epochs, decode_check=i < args.curve_decode_check)]
     curves = {}
     for name in names:
         mine = [p for p in points if p["recipe"] == name]
@@ -254,7 +278,7 @@ def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
            data="ShareGPT answers as they are", epochs=args.curve_epochs, sample_max_tokens=quality_curve.SAMPLE_MAX_TOKENS,
            curves={n: {"points": [{k: p[k] for k in ("conversations", "trained_tokens", "steps", "tau_mtbench",
                                                      "tau_ngram_mtbench", "tau_heldout", "tau_ngram_heldout",
-                                                     "outputs_equal", "train_seconds", "eval_seconds")}
+                                                     "decode_check", "train_seconds", "eval_seconds") if k in p}
                                   for p in c["points"]], "fits": c["fits"], "trained_tokens_for": c["trained_tokens_for"]}
                    for n, c in curves.items()}, stage_seconds=stages.times, plot=str(picture) if picture else None)
 
@@ -288,6 +312,8 @@ def main() -> None:
     ap.add_argument("--curve-epochs", type=float, default=2.0, help="Passes over each size's data.")
     ap.add_argument("--curve-plot", default="tau_curve.png", help="Where the curve's plot is written (PNG).")
     ap.add_argument("--eval-batch", type=int, default=16, help="Prompts the curve's evaluations decode at once.")
+    ap.add_argument("--curve-decode-check", type=int, default=1, help="Smallest sizes whose base drafter is also "
+                                                                       "evaluated by real decoding beside its replay.")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
 

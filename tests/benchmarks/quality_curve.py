@@ -146,3 +146,54 @@ def plot(curves: dict, out: Path) -> Path | None:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def greedy_outputs(model_dir: Path, prompt_file: Path, prompts: int, max_new_tokens: int, draft_len: int,
+                   batch_size: int, out: Path) -> None:
+    """The target's greedy answers to the first ``prompts`` of a set, rendered and read as the evaluate job reads
+    them, from n-gram speculation's decoding (which emits exactly them), with n-gram's τ: ``greedy.json``. Every
+    drafter of the curve is then evaluated by replay against these answers."""
+    import torch
+    from dfp_shared.models import load_causal_lm
+    from dfp_shared.specs.evaluate import EvaluateSpec
+    from dfp_shared.stop_tokens import stop_token_ids
+    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_trainer.evaluate.batched import ngram_decode_batch
+    from dfp_trainer.evaluate.job import read_prompt_set
+    from dfp_trainer.evaluate.tau import tau_figures
+
+    spec = EvaluateSpec.model_validate({"drafter": f"file://{out}", "target": f"file://{model_dir}",
+                                        "prompts": [f"file://{prompt_file}"], "output": f"file://{out}",
+                                        "max_prompts": prompts, "max_new_tokens": max_new_tokens,
+                                        "enable_thinking": False, "batch_size": batch_size})
+    tokenizer, target = load_tokenizer(model_dir), load_causal_lm(str(model_dir), device="cpu")
+    positions = int(getattr(target.config.get_text_config(), "max_position_embeddings", 0) or 1 << 30)
+    max_tokens = min(spec.max_prompt_tokens, positions - max_new_tokens - draft_len - 1)
+    pset = read_prompt_set(spec.prompts[0], tokenizer, spec, max_tokens, None)
+    ids = [torch.tensor(p, dtype=torch.long) for _, p in pset.prompts]
+    runs, _ = ngram_decode_batch(target, ids, draft_len=draft_len, max_new_tokens=max_new_tokens, min_n=spec.ngram_min,
+                                 max_n=spec.ngram_max, batch_size=batch_size, stop_token_ids=stop_token_ids(tokenizer))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "greedy.json").write_text(json.dumps({
+        "prompts": [p for _, p in pset.prompts], "outputs": [r["new_ids"] for r in runs],
+        "ngram": tau_figures(runs, draft_len), "bad_lines": pset.bad_lines, "skipped": pset.skipped}))
+
+
+def replay_tau(model_dir: Path, drafter_dir: Path, greedy: Path, max_new_tokens: int) -> dict:
+    """τ figures of the exported drafter by replay (:mod:`dfp_trainer.evaluate.replay`) on ``greedy.json``'s answers."""
+    import torch
+    from dfp_shared.models import load_causal_lm
+    from dfp_shared.stop_tokens import stop_token_ids
+    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_trainer.drafter.load import load_exported
+    from dfp_trainer.evaluate.replay import replay_decode
+    from dfp_trainer.evaluate.tau import tau_figures
+
+    found = json.loads((greedy / "greedy.json").read_text())
+    tokenizer, target = load_tokenizer(model_dir), load_causal_lm(str(model_dir), device="cpu")
+    drafter = load_exported(drafter_dir, target.get_input_embeddings(), target.get_output_embeddings(),
+                            device=target.device, target_config=target.config).to(target.dtype).eval()
+    prompts = [torch.tensor(p, dtype=torch.long) for p in found["prompts"]]
+    runs = replay_decode(drafter, target, prompts, found["outputs"], max_new_tokens=max_new_tokens,
+                         stop_token_ids=stop_token_ids(tokenizer))
+    return {**tau_figures(runs, drafter.config.block_size - 1), "prompts": len(runs)}

@@ -248,8 +248,10 @@ def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
               for which in ("mtbench", "heldout")}
     ctx.update(greedy=greedy, greedy_key=digest(ctx["eval_key"], draft_len, "greedy"), eval_batch=args.eval_batch,
                ngram={w: json.loads((g / "greedy.json").read_text())["ngram"] for w, g in greedy.items()})
-    points = [p for i, size in enumerate(s for s in sizes if s <= len(records)) for p in curve_point(
-        stages, ctx, size, records, recipes, args.curve_epochs, decode_check=i < args.curve_decode_check)]
+    checked = {int(n) for n in args.curve_decode_check.split(",") if n} if args.curve_decode_check is not None \
+        else {sizes[0]}
+    points = [p for size in sizes if size <= len(records) for p in curve_point(
+        stages, ctx, size, records, recipes, args.curve_epochs, decode_check=size in checked)]
     curves = {}
     for name in names:
         mine = [p for p in points if p["recipe"] == name]
@@ -312,8 +314,9 @@ def main() -> None:
     ap.add_argument("--curve-epochs", type=float, default=2.0, help="Passes over each size's data.")
     ap.add_argument("--curve-plot", default="tau_curve.png", help="Where the curve's plot is written (PNG).")
     ap.add_argument("--eval-batch", type=int, default=16, help="Prompts the curve's evaluations decode at once.")
-    ap.add_argument("--curve-decode-check", type=int, default=1, help="Smallest sizes whose base drafter is also "
-                                                                       "evaluated by real decoding beside its replay.")
+    ap.add_argument("--curve-decode-check", default=None, metavar="SIZES",
+                    help="Sizes whose base drafter is also evaluated by real decoding beside its replay (default: the "
+                         "smallest).")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
 

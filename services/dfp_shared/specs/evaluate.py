@@ -6,6 +6,8 @@ user's prompt sets, beside n-gram (prompt-lookup) speculation at the same draft 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ._common import StorageUri
@@ -48,6 +50,11 @@ class EvaluateSpec(BaseModel):
                                         "at a time, larger batches decode more tokens per second and hold more memory.")
     ngram_min: int = Field(1, ge=1, le=MAX_NGRAM, description=f"Shortest n-gram the baseline matches (vLLM's "
                                                               f"prompt_lookup_min), 1..{MAX_NGRAM}.")
+    dflash_method: Literal["decode", "replay"] = Field(
+        "decode", description="How the drafter's steps are counted: `decode`, by real greedy speculative decoding; "
+                              "`replay`, from the target's greedy output (which n-gram speculation's decoding emits) "
+                              "in one target and one drafter forward per prompt: the same steps save a draft whose "
+                              "two best tokens tie within float noise, at a fraction of the cost.")
 
     @model_validator(mode="after")
     def _ngram_range(self) -> EvaluateSpec:

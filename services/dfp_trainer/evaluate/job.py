@@ -39,6 +39,7 @@ from ..drafter.load import load_exported
 from ..settings import scratch_dir
 from .batched import ngram_decode_batch, speculative_decode_batch
 from .decode import DecodeStopped, chat_prompt_ids
+from .replay import replay_decode
 from .tau import tau_figures
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,26 @@ def _prompt_row(pid: str, ids: list[int], dflash: dict, ngram: dict, draft_len: 
     return row
 
 
+def _decode_batch(spec: EvaluateSpec, drafter, target, prompts: list[torch.Tensor], draft_len: int, stops,
+                  should_stop: Callable[[], bool]) -> tuple[tuple, tuple]:
+    """``(runs, recomputed rows, seconds)`` of the drafter and of n-gram speculation on one batch of prompts; the
+    drafter's by decoding, or (``dflash_method: replay``) by replay on the greedy outputs n-gram's decoding gave."""
+    began = time.perf_counter()
+    ngram, ngram_again = ngram_decode_batch(target, prompts, draft_len=draft_len, max_new_tokens=spec.max_new_tokens,
+                                            min_n=spec.ngram_min, max_n=spec.ngram_max, batch_size=spec.batch_size,
+                                            stop_token_ids=stops, should_stop=should_stop)
+    mid = time.perf_counter()
+    if spec.dflash_method == "replay":
+        dflash, again = replay_decode(drafter, target, prompts, [r["new_ids"] for r in ngram],
+                                      max_new_tokens=spec.max_new_tokens, stop_token_ids=stops,
+                                      should_stop=should_stop), 0
+    else:
+        dflash, again = speculative_decode_batch(drafter, target, prompts, max_new_tokens=spec.max_new_tokens,
+                                                 batch_size=spec.batch_size, stop_token_ids=stops, whole_blocks=True,
+                                                 should_stop=should_stop)
+    return (dflash, again, time.perf_counter() - mid), (ngram, ngram_again, mid - began)
+
+
 def evaluate_job(spec: EvaluateSpec, *, device: str | None = None, endpoint_url: str | None = None,
                  work_dir: str | None = None, progress: Callable[[int, int], None] = lambda done, total: None,
                  should_stop: Callable[[], bool] = lambda: False) -> dict | None:
@@ -197,17 +218,10 @@ def _evaluate(spec: EvaluateSpec, *, device: str | None, endpoint_url: str | Non
                 return None
             batch = pset.prompts[b : b + spec.batch_size]
             prompts = [torch.tensor(ids, dtype=torch.long, device=dev) for _, ids in batch]
-            began = time.perf_counter()
-            dflash, again = speculative_decode_batch(drafter, target, prompts, max_new_tokens=spec.max_new_tokens,
-                                                     batch_size=spec.batch_size, stop_token_ids=stops, whole_blocks=True,
-                                                     should_stop=should_stop)
-            mid = time.perf_counter()
-            ngram, ngram_again = ngram_decode_batch(target, prompts, draft_len=draft_len,
-                                                    max_new_tokens=spec.max_new_tokens, min_n=spec.ngram_min,
-                                                    max_n=spec.ngram_max, batch_size=spec.batch_size,
-                                                    stop_token_ids=stops, should_stop=should_stop)
-            seconds["dflash"] += mid - began
-            seconds["ngram"] += time.perf_counter() - mid
+            (dflash, again, took), (ngram, ngram_again, ngram_took) = _decode_batch(
+                spec, drafter, target, prompts, draft_len, stops, should_stop)
+            seconds["dflash"] += took
+            seconds["ngram"] += ngram_took
             recomputed["dflash"] += again
             recomputed["ngram"] += ngram_again
             runs["dflash"] += dflash
@@ -224,7 +238,7 @@ def _evaluate(spec: EvaluateSpec, *, device: str | None, endpoint_url: str | Non
             "per_prompt": per_prompt})
     report = {"drafter": spec.drafter, "target": spec.target, "enable_thinking": spec.enable_thinking,
               "block_size": draft_len + 1, "draft_length": draft_len, "max_new_tokens": spec.max_new_tokens,
-              "batch_size": spec.batch_size,
+              "batch_size": spec.batch_size, "dflash_method": spec.dflash_method,
               "ngram": {"min": spec.ngram_min, "max": spec.ngram_max}, "device": str(dev),
               "tau_counting": {"tau": "tokens emitted per target verify step (cut at the budget and at a stop token)",
                                "tau_vllm": "1 + accepted drafts per drafting step, whole verified blocks (vLLM's "

@@ -63,3 +63,31 @@ def test_the_walk_follows_the_accepted_drafts_from_anchor_to_anchor():
     stopped = walk(drafts, out, max_new_tokens=9, stop_token_ids=(15,))
     assert stopped["steps"] == [3, 2] and stopped["new_ids"] == out[:6]  # cut at the stop token
     assert walk(drafts, [15, 1], max_new_tokens=9, stop_token_ids=(15,))["steps"] == []  # the prefill stopped it
+
+
+def test_an_evaluate_job_by_replay_reports_what_decoding_reports(tiny_qwen3_dir, tmp_path):
+    import json
+
+    from dfp_shared.specs.evaluate import EvaluateSpec
+    from dfp_trainer.evaluate.job import evaluate_job
+    from dfp_trainer.export.zlab import export_drafter
+
+    from tests.trainer.drafter_support import chat_prompts
+
+    with one_thread():
+        tok, target = _loaded(tiny_qwen3_dir)
+        export_drafter(_drafter(tiny_qwen3_dir, tok, target), tmp_path / "drafter")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": m}) + "\n" for m in chat_prompts(1, 3)))
+    sets = {}
+    for method in ("decode", "replay"):
+        spec = EvaluateSpec.model_validate({
+            "drafter": f"file://{tmp_path}/drafter", "target": f"file://{tiny_qwen3_dir}",
+            "prompts": [f"file://{prompts}"], "output": f"file://{tmp_path}/{method}", "max_new_tokens": 12,
+            "batch_size": 2, "dflash_method": method})
+        with one_thread():
+            sets[method] = evaluate_job(spec, device="cpu")["sets"][0]
+    for key in ("tau", "steps", "new_tokens", "accepted_hist"):
+        assert sets["replay"]["dflash"][key] == sets["decode"]["dflash"][key]
+    assert sets["replay"]["ngram"] == {**sets["decode"]["ngram"], "seconds": sets["replay"]["ngram"]["seconds"],
+                                       "tokens_per_s": sets["replay"]["ngram"]["tokens_per_s"]}

@@ -186,7 +186,7 @@ def replay_tau(model_dir: Path, drafter_dir: Path, greedy: Path, max_new_tokens:
     from dfp_shared.stop_tokens import stop_token_ids
     from dfp_shared.tokenizer_assets import load_tokenizer
     from dfp_trainer.drafter.load import load_exported
-    from dfp_trainer.evaluate.replay import replay_decode
+    from dfp_trainer.evaluate.replay import replay_decode, sequence_features
     from dfp_trainer.evaluate.tau import tau_figures
 
     found = json.loads((greedy / "greedy.json").read_text())
@@ -194,6 +194,15 @@ def replay_tau(model_dir: Path, drafter_dir: Path, greedy: Path, max_new_tokens:
     drafter = load_exported(drafter_dir, target.get_input_embeddings(), target.get_output_embeddings(),
                             device=target.device, target_config=target.config).to(target.dtype).eval()
     prompts = [torch.tensor(p, dtype=torch.long) for p in found["prompts"]]
+    layers = list(drafter.config.target_layer_ids)
+    cached = greedy / f"features-{'-'.join(map(str, layers))}-{max_new_tokens}.pt"  # shared by the curve's drafters
+    if cached.exists():
+        features = torch.load(cached)
+    else:
+        features = [sequence_features(target, torch.cat([p, torch.tensor(o[:max_new_tokens], dtype=torch.long)]), layers)
+                    for p, o in zip(prompts, found["outputs"])]
+        torch.save(features, cached.with_suffix(".tmp"))
+        cached.with_suffix(".tmp").rename(cached)
     runs = replay_decode(drafter, target, prompts, found["outputs"], max_new_tokens=max_new_tokens,
-                         stop_token_ids=stop_token_ids(tokenizer))
+                         stop_token_ids=stop_token_ids(tokenizer), features=features)
     return {**tau_figures(runs, drafter.config.block_size - 1), "prompts": len(runs)}

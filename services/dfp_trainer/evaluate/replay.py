@@ -31,16 +31,24 @@ from .decode import StopCheck, check_stop, target_features
 
 
 @torch.inference_mode()
+def sequence_features(target, seq: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
+    """(1, T, K*H) the target's features at ``layer_ids`` of every position of the 1-D ``seq``, one forward."""
+    out = target(input_ids=seq[None], output_hidden_states=True, use_cache=False, logits_to_keep=1)
+    return target_features(out.hidden_states, layer_ids)
+
+
+@torch.inference_mode()
 def anchor_drafts(drafter, target, prompt: torch.Tensor, output: torch.Tensor, layer_ids: Sequence[int],
-                  chunk: int = 64) -> torch.Tensor:
+                  chunk: int = 64, feats: torch.Tensor | None = None) -> torch.Tensor:
     """(L, B-1) the drafter's drafts at every anchor of ``output`` (L tokens after the 1-D ``prompt``): anchor
     ``i`` is output token ``i`` at position ``len(prompt) + i``, drafted from the target's features of every
-    position before it; ``chunk`` anchors per drafter forward."""
+    position before it (``feats``, :func:`sequence_features` of prompt + output, computed when not given);
+    ``chunk`` anchors per drafter forward."""
     cfg = drafter.config
     b, dev = cfg.block_size, prompt.device
     seq = torch.cat([prompt, output])
-    out = target(input_ids=seq[None], output_hidden_states=True, use_cache=False, logits_to_keep=1)
-    feats = target_features(out.hidden_states, layer_ids)  # (1, T, K*H)
+    if feats is None:
+        feats = sequence_features(target, seq, layer_ids)  # (1, T, K*H)
     n_prompt, n_out = prompt.shape[0], output.shape[0]
     t = seq.shape[0]
     drafts = torch.empty(n_out, b - 1, dtype=torch.long, device=dev)
@@ -91,15 +99,17 @@ def walk(drafts: torch.Tensor, output: Sequence[int], max_new_tokens: int, stop_
 
 def replay_decode(drafter, target, prompts: Sequence[torch.Tensor], outputs: Sequence[Sequence[int]], *,
                   max_new_tokens: int, stop_token_ids: Sequence[int] = (), layer_ids: Sequence[int] | None = None,
-                  should_stop: StopCheck | None = None) -> list[dict]:
+                  should_stop: StopCheck | None = None, features: Sequence[torch.Tensor] | None = None) -> list[dict]:
     """Per prompt, the run record greedy speculative decoding with ``drafter`` would give (as
     :func:`~.decode.speculative_decode` with ``whole_blocks``), from the target's greedy ``outputs`` (new token ids
-    of at least ``min(max_new_tokens, up to a stop token)``); ``should_stop`` is asked before each prompt."""
+    of at least ``min(max_new_tokens, up to a stop token)``); ``features`` (optional, per prompt): the target's
+    :func:`sequence_features` of prompt + output cut to ``max_new_tokens``, shared by drafters reading the same
+    layers; ``should_stop`` is asked before each prompt."""
     layer_ids = list(layer_ids if layer_ids is not None else drafter.config.target_layer_ids)
     runs = []
-    for prompt, output in zip(prompts, outputs):
+    for i, (prompt, output) in enumerate(zip(prompts, outputs)):
         check_stop(should_stop)
         out = torch.as_tensor(list(output)[:max_new_tokens], dtype=torch.long, device=prompt.device)
-        drafts = anchor_drafts(drafter, target, prompt, out, layer_ids)
+        drafts = anchor_drafts(drafter, target, prompt, out, layer_ids, feats=None if features is None else features[i])
         runs.append(walk(drafts, out.tolist(), max_new_tokens, stop_token_ids))
     return runs

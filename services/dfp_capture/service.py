@@ -49,6 +49,6 @@ def serve(settings: CaptureSettings) -> None:
     log.info("capture pass-through listening", extra={
         "host": settings.capture_host, "port": settings.capture_port, "upstream": settings.capture_upstream,
         "enabled": settings.capture_enabled, "sample_rate": settings.capture_sample_rate,
-        "store": app.state.writer.store.url("")})
+        "prefix": settings.prefix()})
     uvicorn.run(app, host=settings.capture_host, port=settings.capture_port, lifespan="on", log_config=None,
                 access_log=False, server_header=False, timeout_keep_alive=30, timeout_graceful_shutdown=10)

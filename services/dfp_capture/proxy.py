@@ -110,6 +110,10 @@ class Recorder:
         return self.exchange
 
 
+class UpstreamBroke(Exception):
+    """The upstream's reply ended in a transport error after it had begun."""
+
+
 async def relay(upstream: httpx.Response, recorder: Recorder, receive, send) -> bool:
     """Send the upstream's reply to the client as it arrives, watching for the client leaving; returns whether
     the whole reply was sent."""
@@ -123,10 +127,14 @@ async def relay(upstream: httpx.Response, recorder: Recorder, receive, send) -> 
         async def pump():
             await send({"type": "http.response.start", "status": upstream.status_code,
                         "headers": reply_headers(upstream.headers)})
-            async for chunk in upstream.aiter_raw():
-                metrics.BYTES.labels(direction="proxied").inc(len(chunk))
-                recorder.feed(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            try:
+                async for chunk in upstream.aiter_raw():
+                    metrics.BYTES.labels(direction="proxied").inc(len(chunk))
+                    recorder.feed(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.HTTPError as exc:  # the upstream broke off: the client's connection is cut, as it was
+                recorder.stop("malformed_reply")
+                raise UpstreamBroke(f"{type(exc).__name__}: {exc}") from exc
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             state["sent"] = True
             group.cancel_scope.cancel()
@@ -144,14 +152,15 @@ class Relayed(Response):
         self.background = None
 
     async def __call__(self, scope, receive, send) -> None:
-        sent = False
+        outcome = "upstream_broke"
         try:
-            sent = await relay(self.upstream, self.recorder, receive, send)
+            outcome = "sent" if await relay(self.upstream, self.recorder, receive, send) else "client_gone"
         finally:
             with anyio.CancelScope(shield=True):
                 await self.upstream.aclose()
-            metrics.REQUESTS.labels(route=self.route, outcome="sent" if sent else "client_gone").inc()
-            self._hand_over(sent)
+            metrics.REQUESTS.labels(route=self.route, outcome=outcome).inc()
+            if outcome != "upstream_broke":
+                self._hand_over(outcome == "sent")
 
     def _hand_over(self, sent: bool) -> None:
         recorder = self.recorder

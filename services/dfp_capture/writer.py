@@ -129,7 +129,9 @@ class CaptureWriter:
         self.queued_bytes = 0
         if not batch:
             return 0
-        return await asyncio.to_thread(self.write_shard, batch, time.time())
+        self.seq += 1
+        key = records_key(f"{hour_of(time.time())}/{self.worker}-{self.boot}-{self.seq:06d}")
+        return await asyncio.to_thread(self.write_shard, batch, key)
 
     def encode(self, capture: Capture) -> list[bytes]:
         """A capture's records, redacted and encoded; too large or unusable ones are dropped (counted)."""
@@ -149,7 +151,7 @@ class CaptureWriter:
             lines.append(line)
         return lines
 
-    def write_shard(self, batch: list[Capture], now: float) -> int:
+    def write_shard(self, batch: list[Capture], key: str) -> int:
         lines, incomplete = [], 0
         for capture in batch:
             encoded = self.encode(capture)
@@ -157,8 +159,6 @@ class CaptureWriter:
             incomplete += len(encoded) if capture.incomplete else 0
         if not lines:
             return 0
-        self.seq += 1
-        key = records_key(f"{hour_of(now)}/{self.worker}-{self.boot}-{self.seq:06d}")
         data = b"".join(lines)
         try:
             self.store.put(key, data)

@@ -4,7 +4,8 @@ Answers are derived from the request so tests can check them: the chat reply is 
 with reasoning ``thinking about <text>``; a completion's is ``<prompt> and so on``. Streams are
 server-sent events (``data: {json}\\n\\n`` chunks, then ``data: [DONE]``), as the engines send them.
 Markers in the prompt: ``[[malformed]]`` (a body that is not JSON, or an event that is not), ``[[slow]]``
-(a long stream with a pause between events), ``[[500]]`` (an error status).
+(a long stream with a pause between events), ``[[500]]`` (an error status), ``[[cut]]`` (a stream
+broken off mid-reply).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ async def _events(text: str, chat: bool, slow: bool, malformed: bool):
         yield _chunk({"content": word + " "}, chat=chat)
         if slow:
             await asyncio.sleep(0.02)
+    if "[[cut]]" in text:
+        raise ConnectionAbortedError("the engine went away mid-reply")
     if malformed:
         yield b"data: {broken\n\n"
     yield _chunk({}, finish="stop", chat=chat)

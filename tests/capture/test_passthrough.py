@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from .conftest import counter, records, wait_records
 
@@ -134,3 +135,14 @@ def test_oversized_requests_are_refused_or_not_captured(capture, tmp_path):
     raw(proxy.url, "/v1/chat/completions", CHAT)
     found = wait_records(tmp_path / "capture", 1)
     assert len(found) == 1 and len(found[0]["messages"]) == 3
+
+
+def test_a_stream_the_upstream_breaks_off_is_cut_for_the_client_and_not_recorded(capture, tmp_path):
+    proxy = capture(capture_enabled=True)
+    cut = {**CHAT, "stream": True, "messages": [{"role": "user", "content": "[[cut]]"}]}
+    with pytest.raises(httpx.HTTPError):
+        raw(proxy.url, "/v1/chat/completions", cut)
+    raw(proxy.url, "/v1/chat/completions", CHAT)
+    found = wait_records(tmp_path / "capture", 1)
+    assert [r["messages"][-2]["content"] for r in found] == ["hello there"]
+    assert records(tmp_path / "capture") == found

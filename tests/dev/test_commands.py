@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from dfp_cli.main import cli
 from dfp_dev.commands import COMMANDS, HELP
 
-CLIENT_AND_SERVICES = ("api", "generation", "tokenizer", "target", "trainer", "submit", "jobs", "status", "cancel")
+CLIENT_AND_SERVICES = ("api", "generation", "tokenizer", "target", "trainer", "capture", "submit", "jobs", "status", "cancel")
 
 
 def test_the_development_commands_are_offered_with_their_help():

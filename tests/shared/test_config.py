@@ -31,7 +31,7 @@ def test_bad_flag_names_the_flag():
 def test_cli_help_lists_every_service():
     out = subprocess.run([sys.executable, "-m", "dfp_cli.main", "--help"], capture_output=True, text=True,
                          env=cli_env(), check=True).stdout
-    for name in ("api", "generation", "tokenizer", "target", "trainer", "demo", "submit"):
+    for name in ("api", "generation", "tokenizer", "target", "trainer", "capture", "demo", "submit"):
         assert name in out
 
 

@@ -1,0 +1,209 @@
+"""What one captured exchange is: the request's prompt and sampling parameters, and the reply reassembled
+from a JSON body or from its server-sent events, choice by choice.
+
+Nothing here touches the network or storage: the proxy feeds the reply's bytes in as they pass through, and
+:func:`completion_records` turns a finished exchange into completion records (``dfp_shared.completions``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from dfp_shared.completions import completion_record
+
+CHAT, COMPLETIONS = "chat", "completions"
+# the request fields kept as the record's sampling parameters (scalars, bounded strings)
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "n", "seed",
+            "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "stop")
+TEMPLATE_KWARGS = "chat_template_kwargs"
+MAX_STOP = 16
+MAX_SHORT = 256
+MESSAGE_FIELDS = ("role", "content", "name", "reasoning_content", "tool_call_id")
+
+
+class Unusable(ValueError):
+    """A request or reply that is forwarded but not captured; ``reason`` is the dropped counter's label."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(detail or reason)
+        self.reason = reason
+
+
+def _short(value):
+    """A sampling value kept as is when it is a number, a bool or a short string; else None."""
+    if isinstance(value, bool) or isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str) and len(value) <= MAX_SHORT:
+        return value
+    return None
+
+
+def sampling_params(body: dict) -> dict:
+    params = {}
+    for name in SAMPLING:
+        value = body.get(name)
+        if name == "stop" and isinstance(value, list):
+            kept = [s for s in value[:MAX_STOP] if isinstance(s, str) and len(s) <= MAX_SHORT]
+            value = kept or None
+        else:
+            value = _short(value)
+        if value is not None:
+            params[name] = value
+    kwargs = body.get(TEMPLATE_KWARGS)
+    if isinstance(kwargs, dict):
+        kept = {str(k)[:MAX_SHORT]: _short(v) for k, v in list(kwargs.items())[:MAX_STOP] if _short(v) is not None}
+        if kept:
+            params[TEMPLATE_KWARGS] = kept
+    return params
+
+
+def is_greedy(params: dict) -> bool:
+    """Greedy decoding: temperature 0, or top-k 1 (an unset temperature is the engine's default: sampled)."""
+    return params.get("temperature") == 0 or params.get("top_k") == 1
+
+
+def _message(raw) -> dict:
+    if not isinstance(raw, dict) or not isinstance(raw.get("role"), str):
+        raise Unusable("unreadable_request", "a message without a role")
+    return {k: raw[k] for k in MESSAGE_FIELDS if k in raw and isinstance(raw[k], (str, list))}
+
+
+@dataclass
+class Exchange:
+    """One admitted request and its reply as it is read; ``choices`` maps a choice's index to its parts."""
+
+    kind: str
+    prompt: list[dict]
+    model: str | None
+    params: dict
+    stream: bool
+    max_choices: int
+    max_bytes: int
+    size: int = 0
+    choices: dict[int, dict] = field(default_factory=dict)
+
+    def add(self, index, content, reasoning, finish) -> None:
+        if not isinstance(index, int) or index < 0:
+            raise Unusable("malformed_reply", "a choice without an index")
+        if index >= self.max_choices:
+            return
+        choice = self.choices.setdefault(index, {"content": [], "reasoning": [], "finish": None})
+        for key, part in (("content", content), ("reasoning", reasoning)):
+            if part is None:
+                continue
+            if not isinstance(part, str):
+                raise Unusable("malformed_reply", f"{key} is not text")
+            self.size += len(part)
+            if self.size > self.max_bytes:
+                raise Unusable("too_large")
+            choice[key].append(part)
+        if finish is not None:
+            choice["finish"] = str(finish)[:MAX_SHORT]
+
+
+def admit(kind: str, body: bytes, max_messages: int, max_choices: int, max_bytes: int) -> Exchange:
+    """The exchange a request body opens; raises :class:`Unusable` for one that cannot be captured."""
+    try:
+        req = json.loads(body)
+    except ValueError:
+        raise Unusable("unreadable_request", "not JSON") from None
+    if not isinstance(req, dict):
+        raise Unusable("unreadable_request", "not a JSON object")
+    if kind == CHAT:
+        messages = req.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise Unusable("unreadable_request", "no messages")
+        if len(messages) > max_messages:
+            raise Unusable("too_large", f"{len(messages)} messages")
+        prompt = [_message(m) for m in messages]
+    else:
+        text = req.get("prompt")
+        if isinstance(text, list) and len(text) == 1:
+            text = text[0]
+        if not isinstance(text, str):
+            raise Unusable("unsupported_prompt", "a prompt that is not one string")
+        prompt = [{"role": "user", "content": text}]
+    model = req.get("model")
+    return Exchange(kind, prompt, model if isinstance(model, str) else None, sampling_params(req),
+                    bool(req.get("stream")), max_choices, max_bytes, size=len(body))
+
+
+def _choice_parts(exchange: Exchange, choice: dict, delta_key: str):
+    if not isinstance(choice, dict):
+        raise Unusable("malformed_reply", "a choice that is not an object")
+    if exchange.kind == CHAT:
+        part = choice.get(delta_key) or {}
+        if not isinstance(part, dict):
+            raise Unusable("malformed_reply", f"{delta_key} is not an object")
+        reasoning = part.get("reasoning_content", part.get("reasoning"))
+        return part.get("content"), reasoning
+    return choice.get("text"), None
+
+
+def read_reply(exchange: Exchange, payload) -> None:
+    """Add one reply object (a whole JSON body, or one event's data) to the exchange."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
+        raise Unusable("malformed_reply", "no choices")
+    if payload.get("model") and not exchange.model and isinstance(payload["model"], str):
+        exchange.model = payload["model"][:MAX_SHORT]
+    delta_key = "delta" if exchange.stream else "message"
+    for choice in payload["choices"]:
+        content, reasoning = _choice_parts(exchange, choice, delta_key)
+        exchange.add(choice.get("index", 0), content, reasoning, choice.get("finish_reason"))
+
+
+class EventReader:
+    """Server-sent events read as their bytes arrive: each complete event's ``data:`` lines joined, JSON read
+    into the exchange; ``[DONE]`` ends the stream. Anything else is a malformed reply."""
+
+    def __init__(self, exchange: Exchange):
+        self.exchange = exchange
+        self.buffer = b""
+        self.done = False
+
+    def feed(self, chunk: bytes) -> None:
+        self.buffer += chunk.replace(b"\r\n", b"\n")
+        if len(self.buffer) > self.exchange.max_bytes:
+            raise Unusable("too_large", "an event larger than a record")
+        while b"\n\n" in self.buffer:
+            event, self.buffer = self.buffer.split(b"\n\n", 1)
+            self._event(event)
+
+    def _event(self, event: bytes) -> None:
+        data = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+        if not data:
+            return  # comments, keep-alives and other fields carry no data
+        text = b"\n".join(data)
+        if self.done:
+            raise Unusable("malformed_reply", "data after [DONE]")
+        if text.strip() == b"[DONE]":
+            self.done = True
+            return
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            raise Unusable("malformed_reply", "an event whose data is not JSON") from None
+        read_reply(self.exchange, payload)
+
+    def finish(self) -> None:
+        """The upstream's stream ended: it must have ended with ``[DONE]`` and nothing after it."""
+        if self.buffer.strip():
+            self._event(self.buffer)
+            self.buffer = b""
+        if not self.done:
+            raise Unusable("malformed_reply", "a stream without [DONE]")
+
+
+def completion_records(exchange: Exchange, record_id: str, meta: dict) -> list[dict]:
+    """The exchange as completion records, one a choice; ``meta`` (capture fields) is added to each."""
+    base = {"model": exchange.model, "sampling": exchange.params, "endpoint": exchange.kind,
+            "greedy": is_greedy(exchange.params), **meta}
+    records = []
+    for index in sorted(exchange.choices):
+        choice = exchange.choices[index]
+        reasoning = "".join(choice["reasoning"]) if choice["reasoning"] else None
+        rid = record_id if len(exchange.choices) == 1 else f"{record_id}-{index}"
+        records.append(completion_record(rid, exchange.prompt, "".join(choice["content"]), reasoning,
+                                         {**base, "finish_reason": choice["finish"], "choice": index}))
+    return records

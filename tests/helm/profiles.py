@@ -21,7 +21,7 @@ PROFILES: dict[str, dict] = {
         "storage": {"url": "s3://dflash-dev/data", "s3": {"endpointUrl": "http://minio.minio.svc:9000",
                                                          "existingSecret": "minio-credentials"}},
     },
-    # a GPU cluster with KEDA, Prometheus Operator, an ingress, a vLLM sidecar and the target disaggregated
+    # a GPU cluster with KEDA, Prometheus Operator, an ingress, a vLLM sidecar, the target disaggregated and capture
     "gpu-keda": {
         "tokenizer": {"keda": {"enabled": True, "maxReplicas": 40}},
         "generation": {"engine": "openai", "vllm": {"enabled": True, "extraArgs": ["--max-model-len", "8192"]},
@@ -33,6 +33,7 @@ PROFILES: dict[str, dict] = {
                 "auth": {"existingSecret": "dflash-api-keys"}},
         "redis": {"auth": {"existingSecret": "dflash-redis"}},
         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/dflash"}},
+        "capture": {"enabled": True, "upstream": "http://vllm.inference.svc:8000", "redact": ["sk-[A-Za-z0-9]{20,}"]},
     },
     # a managed Redis (TLS, password from a Secret) and static S3 keys
     "external-redis": {

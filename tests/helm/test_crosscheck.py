@@ -22,7 +22,7 @@ from tests.support.chart import workloads_from_objects
 from tests.support.cli import cli_cmd, cli_env
 from tests.support.servers import free_port
 
-SERVICES = ("api", "generation", "tokenizer", "target", "trainer")
+SERVICES = ("api", "generation", "tokenizer", "target", "trainer", "capture")
 GPU_COMPONENTS = {"generation", "target", "trainer"}
 # DFLASH_* variables read outside the service settings classes
 SHARED_VARS = {
@@ -139,7 +139,7 @@ def test_common_settings_are_set_for_every_service(workloads):
         for name in ("DFLASH_REDIS_URL", "DFLASH_STORAGE_URL", "DFLASH_LOG_LEVEL"):
             assert name in c["env"], (w["name"], c["name"], name)
         assert c["env"]["DFLASH_REDIS_URL"].startswith(("redis://", "rediss://"))
-        if c["args"][:2] != ["api", "serve"]:
+        if c["args"][:2] not in (["api", "serve"], ["capture", "serve"]):  # /metrics on their own HTTP port
             port = int(c["env"]["DFLASH_METRICS_PORT"])
             assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in c["ports"], (w["name"], c)
 
@@ -194,6 +194,11 @@ def test_probes_point_at_real_endpoints(objects):
                 assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
                 port = _probe_port(c["readinessProbe"], c)
                 assert str(port) == next(e["value"] for e in c["env"] if e["name"] == "DFLASH_PORT")
+            elif c.get("command") == ["dflash-pipeline"] and args[:2] == ["capture", "serve"]:
+                assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+                assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+                port = _probe_port(c["readinessProbe"], c)
+                assert str(port) == next(e["value"] for e in c["env"] if e["name"] == "DFLASH_CAPTURE_PORT")
             elif c.get("command") == ["dflash-pipeline"] and args[:2] == ["target", "serve"]:
                 for p in probes:
                     assert "grpc" in p and _probe_port(p, c) == next(

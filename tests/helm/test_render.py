@@ -58,6 +58,9 @@ def test_every_profile_renders_what_it_enables():
     assert {("ServiceMonitor", "dflash-api"), ("ServiceMonitor", "dflash-target"),
             ("PodMonitor", "dflash-workers")} <= kinds["gpu-keda"]
     assert not any(k == "ScaledObject" for k, _ in kinds["defaults"])
+    assert {("Deployment", "dflash-capture"), ("Service", "dflash-capture"), ("ServiceMonitor", "dflash-capture"),
+            ("PodDisruptionBudget", "dflash-capture")} <= kinds["gpu-keda"]
+    assert not any(name == "dflash-capture" for p in PROFILES if p != "gpu-keda" for _, name in kinds[p])
     assert ("Deployment", "dflash-target") not in kinds["cpu-small"]
     for p in PROFILES:
         assert ("Pod", "dflash-test-api-readyz") in kinds[p]

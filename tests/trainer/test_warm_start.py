@@ -162,3 +162,20 @@ def test_the_spec_takes_one_start(tmp_path, tiny_qwen3_dir, tiny_dataset):
     roots = StorageRoots([f"file://{tmp_path}/out", tiny_dataset, f"file://{tiny_qwen3_dir}"])
     with pytest.raises(OutsideRoots, match="spec.init_from"):
         roots.check_spec("train", TrainSpec.model_validate(spec))
+
+
+@pytest.mark.parametrize("family, fields", [
+    ("dspark", dict(markov_rank=8)),
+    ("dflash2", dict(conv_kernel_size=3, conv_group_size=32, selector_rank=8, selector_top_k=4)),
+])
+def test_each_family_starts_from_its_export(family, fields, tmp_path, tiny_qwen3_dir, tiny_dataset):
+    over = dict(family=family, seed=1, **fields)
+    first = prepare(run_config(tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/a", **over)), DistInfo())
+    export_drafter(first.drafter, tmp_path / "drafter")
+    setup = start(tmp_path, tiny_qwen3_dir, tiny_dataset, tmp_path / "drafter", **{**over, "seed": 2})
+    stored = load_file(str(tmp_path / "drafter" / "model.safetensors"))
+    assert set(trainable(setup)) == set(stored)
+    assert all(torch.equal(t, stored[n]) for n, t in trainable(setup).items())
+    assert setup.init_from["family"] == family
+    with pytest.raises(TrainError, match=f"family is '{family}' in the drafter to start from, but 'dflash'"):
+        start(tmp_path, tiny_qwen3_dir, tiny_dataset, tmp_path / "drafter")

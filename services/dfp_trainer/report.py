@@ -12,7 +12,8 @@ and ``heldout_trained`` / ``heldout_untrained``: loss, accuracy and accuracy per
 held-out samples; ``summary``: the training-batch loss and accuracy of the last steps, throughput,
 data-wait and communication shares; ``tau_curve``: τ over training steps; ``draft_vocab``, with a pruned
 vocabulary: its size, the share of the training samples' trained target tokens it covers (``coverage``)
-and the required token ids), ``loss_curve.png``,
+and the required token ids), ``init_from``, for a run started from a stored drafter: its URI, layout and
+family (:mod:`.drafter.warm_start`), ``loss_curve.png``,
 ``position_accuracy.png`` and, with an evaluation, ``tau_curve.png`` (:mod:`.plots`).
 """
 
@@ -142,6 +143,8 @@ def finish_run(setup, drafter, history: list[dict], summary: dict) -> dict:
               "exports": uris, "serving": serving}
     if setup.draft_vocab:
         report["draft_vocab"] = setup.draft_vocab
+    if setup.init_from:
+        report["init_from"] = setup.init_from
     if config.evaluate and spec.eval_prompts:
         evaluation = {**evaluate_drafters(setup, drafter), **evaluate_heldout(setup, drafter)}
         report["evaluation"] = {**evaluation, **predictions(evaluation)}

@@ -17,7 +17,7 @@ BASE = {GenerateSpec: GEN, TokenizeSpec: TOK, TrainSpec: TRAIN}
 
 # fields whose rules are kept elsewhere (storage locations, endpoints, chat templates)
 NOT_HERE = {"prompts", "output", "model", "input", "tokenizer", "dataset", "target", "openai_base_url", "target_url",
-            "chat_template", "template_kwargs", "hidden_state_cache", "source"}
+            "chat_template", "template_kwargs", "hidden_state_cache", "source", "init_from"}
 
 
 def _errors(model: type[BaseModel], **fields) -> dict[tuple, str]:

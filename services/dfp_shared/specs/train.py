@@ -114,6 +114,13 @@ class TrainSpec(BaseModel):
                               "the target's last num_draft_layers decoder layers, the final norm from the target's, "
                               "`fc` the identity on the deepest target layer's features (Qwen3, Llama and Mistral "
                               "targets).")
+    init_from: StorageUri | None = Field(
+        None, description="Prefix of a drafter to start from instead (`config.json` and `model.safetensors`): a train "
+                          "job's `drafter/` or `drafter-speculators/` export, or a drafter published in the z-lab or "
+                          "speculators layout. It must be the drafter this spec builds for this target (family, "
+                          "shapes, layers, target layer ids, block size, mask token, draft vocabulary), else the run "
+                          "is refused naming what differs; its trainable weights are loaded, the optimiser starts "
+                          "fresh at step 0. Not with `init: target_layers`.")
     num_draft_layers: int = _within(5, 1, MAX_LAYERS, "Draft decoder layers (one target layer feeds each), {}.")
     block_size: int = _within(16, 2, MAX_BLOCK_SIZE, "Tokens per draft block (anchor + block_size-1 masks), {}.")
     layer_types: list[LayerType] | None = Field(
@@ -198,6 +205,13 @@ class TrainSpec(BaseModel):
     def _eval_every_needs_samples(self) -> TrainSpec:
         if self.eval_every is not None and not self.eval_prompts:
             raise ValueError("eval_every needs held-out samples: set eval_prompts > 0")
+        return self
+
+    @model_validator(mode="after")
+    def _one_start(self) -> TrainSpec:
+        if self.init_from is not None and self.init != "random":
+            raise ValueError(f"init_from and init {self.init!r} both say how the drafter starts: the weights of "
+                             "init_from replace every trainable tensor; leave init at 'random' or unset init_from")
         return self
 
     @model_validator(mode="after")

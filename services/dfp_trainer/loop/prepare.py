@@ -33,6 +33,7 @@ from ..drafter.distill import check_teacher_target, teacher_layer_ids
 from ..drafter.families import build_drafter
 from ..drafter.init_from_target import init_from_target_layers
 from ..drafter.target_parts import load_target_parts
+from ..drafter.warm_start import warm_start
 from ..run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class Setup:
     max_tokens_per_request: int | None
     draft_vocab: dict | None = None  # a pruned vocabulary's coverage of the trained tokens (:func:`~..components.data.draft_vocab.coverage`)
     teacher_layer_ids: list[int] = field(default_factory=list)  # the target's last layer when the run distils
+    init_from: dict | None = None  # the stored drafter the run started from (:func:`start_from_drafter`)
 
     @property
     def fetched_layer_ids(self) -> list[int]:
@@ -120,6 +122,7 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
     drafter = build_drafter(drafter_config, embed, lm_head, draft_ids).to(info.device)
     if spec.init == "target_layers":
         init_from_target(drafter, model_dir)
+    started = start_from_drafter(drafter, spec.init_from, endpoint_url) if spec.init_from else None
     initial = {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items()}
 
     offline = spec.hidden_states == "offline"
@@ -143,7 +146,7 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
                 _close(source)
             raise TrainError(str(exc)) from None
     return Setup(config, model_dir, tokenizer, dataset, drafter, initial, source, layer_ids, eval_index, train_pool,
-                 max_tokens, draft_vocab, teacher)
+                 max_tokens, draft_vocab, teacher, started)
 
 
 def distill_layers(spec: TrainSpec, target_config: dict, num_layers: int, layer_ids: list[int]) -> list[int]:
@@ -167,6 +170,18 @@ def init_from_target(drafter: torch.nn.Module, model_dir) -> None:
     log.info("draft layers copied from the target's", extra={"target_layers": done.layer_ids,
                                                              "fc_identity_on_layer": done.feature_layer,
                                                              "left_at_init": done.kept})
+
+
+def start_from_drafter(drafter: torch.nn.Module, uri: str, endpoint_url: str | None) -> dict:
+    """Load the stored drafter at ``uri`` into the run's (:mod:`..drafter.warm_start`); :class:`TrainError` naming
+    what does not fit. Returns what the run report records."""
+    try:
+        done = warm_start(drafter, local_model_dir(uri, endpoint_url=endpoint_url))
+    except (FileNotFoundError, ValueError) as exc:
+        raise TrainError(f"init_from {uri}: {exc}") from None
+    record = done.record(uri)
+    log.info("drafter started from a stored drafter", extra=record)
+    return record
 
 
 def choose_vocab(spec: TrainSpec, tokenizer, dataset, train_pool: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, dict]:

@@ -1,0 +1,276 @@
+"""Benchmark: streamed chat completions through the capture pass-through against the upstream directly.
+
+Two processes on loopback, each one uvicorn server: a fast OpenAI-compatible upstream that streams
+``--tokens`` content events per request (``data: {json}`` chunks, then the finish event and
+``data: [DONE]``) with ``--delay-ms`` between events, and ``dflash-pipeline capture serve`` in front of it
+with capture on for all traffic (``DFLASH_CAPTURE_ENABLED=true``, a ``file://`` prefix in a temporary
+directory, the other settings at their defaults). One load generator (``--streams`` keep-alive
+connections, raw HTTP/1.1, each posting a streamed chat completion as soon as its last one ended) loads
+the upstream directly, then through the capture, for ``--seconds`` each; rounds alternate the order
+(direct, capture; capture, direct; ...) so a change in the machine's load affects both.
+
+Figures: content tokens/s of whole replies over all rounds (project: through the capture; baseline and
+limit: direct, so ``vs_limit`` is the capture's share of direct throughput; goal >= 0.95), latency to the
+first byte of the reply and to its end (p50, p99; ``p99_added_ms`` = p99 through the capture - p99 direct,
+likewise ``p50_added_ms``), the capture's CPU time per request (steady under machine load, unlike
+tokens/s), ``captured_records`` (lines written under the prefix once the capture has stopped and flushed)
+beside the requests it relayed, and ``dropped`` (``dfp_capture_dropped_total`` from its /metrics).
+Run: ``python tests/benchmarks/bench_capture.py [--streams 64] [--rounds 3] [--seconds 8] [--tokens 64]``;
+last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "services"), str(ROOT)]
+
+from tests.benchmarks._common import report  # noqa: E402
+
+MODEL = "bench-target"
+SIDES = ("direct", "capture")
+
+
+# the upstream (run in a child process)
+
+def serve_upstream(port: int, tokens: int, delay_s: float) -> None:
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    def event(delta: dict, finish=None) -> bytes:
+        body = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+    words = [event({"content": f"tok{i} "}) for i in range(tokens)]
+
+    async def events():
+        yield event({"role": "assistant", "content": ""})
+        for chunk in words:
+            await asyncio.sleep(delay_s)
+            yield chunk
+        yield event({}, finish="length")
+        yield b"data: [DONE]\n\n"
+
+    async def chat(request):
+        req = json.loads(await request.body())
+        if not req.get("stream"):
+            return JSONResponse({"error": {"message": "this upstream only streams"}}, 400)
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def health(request):
+        return Response(b"", status_code=200)
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/health", health)])
+    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", access_log=False,
+                log_level="warning")
+
+
+# load generator
+
+def _request(port: int, tokens: int, n: int) -> bytes:
+    body = json.dumps({"model": MODEL, "stream": True, "max_tokens": tokens, "temperature": 0,
+                       "messages": [{"role": "user", "content": f"Count to {tokens}, please (stream {n})."}]}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+async def _read_chunked(reader: asyncio.StreamReader, t0: float) -> tuple[bytes, float]:
+    """The body of a chunked reply and the time its first bytes arrived."""
+    parts, first = [], 0.0
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        if size == 0:
+            await reader.readuntil(b"\r\n")
+            return b"".join(parts), first
+        data = await reader.readexactly(size + 2)
+        if not first:
+            first = time.perf_counter() - t0
+        parts.append(data[:-2])
+
+
+async def _stream(port: int, n: int, tokens: int, stop_at: float, out: dict) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request = _request(port, tokens, n)
+    try:
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            lower = head.lower()
+            if b"transfer-encoding: chunked" in lower:
+                body, ttfb = await _read_chunked(reader, t0)
+            else:
+                length = int(re.search(rb"content-length: *(\d+)", lower).group(1))
+                body, ttfb = await reader.readexactly(length), time.perf_counter() - t0
+            total = time.perf_counter() - t0
+            events = body.count(b"data: ")
+            if status != 200 or not body.endswith(b"data: [DONE]\n\n") or events != tokens + 3:
+                out["errors"] += 1
+                continue
+            out["ttfb"].append(ttfb)
+            out["total"].append(total)
+            out["tokens"] += tokens
+    finally:
+        writer.close()
+
+
+async def load(port: int, streams: int, tokens: int, seconds: float) -> dict:
+    out = {"ttfb": [], "total": [], "tokens": 0, "errors": 0}
+    start = time.perf_counter()
+    await asyncio.gather(*[_stream(port, n, tokens, start + seconds, out) for n in range(streams)])
+    out["elapsed"] = time.perf_counter() - start  # the last replies begun before the end are waited for
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return 1000 * values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), or None where unavailable."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _start(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
+    from tests.support.servers import wait_for_port
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, timeout=60)
+    except Exception:
+        proc.kill()
+        raise RuntimeError(f"server did not start: {proc.stderr.read().decode()[-2000:]}") from None
+    return proc
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith(name + "_created"))
+
+
+def _scrape(port: int) -> str:
+    import httpx
+
+    return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, default=64, help="Concurrent streams (keep-alive connections).")
+    ap.add_argument("--rounds", type=int, default=3, help="Rounds, each one measurement of both sides.")
+    ap.add_argument("--seconds", type=float, default=8.0, help="Measured seconds per side and round.")
+    ap.add_argument("--tokens", type=int, default=64, help="Content events (tokens) per reply.")
+    ap.add_argument("--delay-ms", type=float, default=10.0, help="Upstream's pause before each token.")
+    ap.add_argument("--warmup", type=float, default=2.0, help="Unmeasured seconds on each side before round 1.")
+    ap.add_argument("--no-record", action="store_true",
+                    help="Run the capture with capture off (relaying only), to tell relaying from recording.")
+    ap.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_upstream:
+        return serve_upstream(args.port, args.tokens, args.delay_ms / 1000)
+
+    import uvloop
+
+    from tests.support.servers import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "services"), str(ROOT), env.get("PYTHONPATH", "")])
+    with tempfile.TemporaryDirectory(prefix="bench-capture-") as tmp:
+        up_port, cap_port = free_port(), free_port()
+        upstream = _start([sys.executable, __file__, "--serve-upstream", "--port", str(up_port),
+                           "--tokens", str(args.tokens), "--delay-ms", str(args.delay_ms)], env, up_port)
+        capture = None
+        try:
+            capture = _start([sys.executable, "-m", "dfp_cli.main", "capture", "serve",
+                              "--upstream", f"http://127.0.0.1:{up_port}"],
+                             {**env, "DFLASH_STORAGE_URL": f"file://{tmp}", "DFLASH_CAPTURE_PREFIX": f"file://{tmp}/capture",
+                              "DFLASH_CAPTURE_ENABLED": "false" if args.no_record else "true", "DFLASH_CAPTURE_HOST": "127.0.0.1",
+                              "DFLASH_CAPTURE_PORT": str(cap_port), "DFLASH_CAPTURE_WORKER": "bench",
+                              "DFLASH_LOG_LEVEL": "WARNING"}, cap_port)
+            ports = {"direct": up_port, "capture": cap_port}
+            relayed = 0
+            for side in SIDES:
+                warm = uvloop.run(load(ports[side], args.streams, args.tokens, args.warmup))
+                relayed += len(warm["total"]) if side == "capture" else 0
+            rounds: dict[str, list[dict]] = {side: [] for side in SIDES}
+            for i in range(args.rounds):
+                for side in (SIDES if i % 2 == 0 else SIDES[::-1]):
+                    cpu0 = _cpu_s(capture.pid)
+                    res = uvloop.run(load(ports[side], args.streams, args.tokens, args.seconds))
+                    cpu1 = _cpu_s(capture.pid)
+                    res["capture_cpu_s"] = (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None
+                    rounds[side].append(res)
+                    if side == "capture":
+                        relayed += len(res["total"])
+                    print(f"round {i + 1} {side:>7}: {res['tokens'] / res['elapsed']:8.0f} tokens/s  "
+                          f"ttfb p50 {_pct(res['ttfb'], .5):6.1f} p99 {_pct(res['ttfb'], .99):6.1f} ms  "
+                          f"total p50 {_pct(res['total'], .5):6.1f} p99 {_pct(res['total'], .99):6.1f} ms  "
+                          f"({len(res['total'])} replies, {res['errors']} bad)", flush=True)
+            scraped = _scrape(cap_port)
+        finally:
+            if capture is not None:
+                _stop(capture)  # the capture writes what it still holds as it stops
+            _stop(upstream)
+        captured = sum(sum(1 for line in p.read_text().splitlines() if line.strip())
+                       for p in Path(tmp, "capture").rglob("*.jsonl"))
+        shards = len(list(Path(tmp, "capture").rglob("*.jsonl")))
+
+    def pooled(side: str, key: str) -> list[float]:
+        return [v for r in rounds[side] for v in r[key]]
+
+    tput = {s: sum(r["tokens"] for r in rounds[s]) / sum(r["elapsed"] for r in rounds[s]) for s in SIDES}
+    ratios = sorted(c["tokens"] / c["elapsed"] / (d["tokens"] / d["elapsed"])
+                    for d, c in zip(rounds["direct"], rounds["capture"]))
+    lat = {f"{k}_{q}_ms_{s}": round(_pct(pooled(s, k), v), 2)
+           for s in SIDES for k in ("ttfb", "total") for q, v in (("p50", .5), ("p99", .99))}
+    cap_cpu = [r["capture_cpu_s"] for r in rounds["capture"]]
+    cpu_us = (1e6 * sum(cap_cpu) / sum(len(r["total"]) for r in rounds["capture"])
+              if all(c is not None for c in cap_cpu) else None)
+    report("capture", "tokens/s", tput["capture"], baseline=tput["direct"], limit=tput["direct"],
+           ratio_per_round=[round(r, 3) for r in ratios],
+           p50_added_ms=round(lat["total_p50_ms_capture"] - lat["total_p50_ms_direct"], 2),
+           p99_added_ms=round(lat["total_p99_ms_capture"] - lat["total_p99_ms_direct"], 2),
+           ttfb_p99_added_ms=round(lat["ttfb_p99_ms_capture"] - lat["ttfb_p99_ms_direct"], 2),
+           **lat, capture_cpu_us_per_request=round(cpu_us, 1) if cpu_us is not None else None,
+           captured_records=captured, relayed_replies=relayed, shards=shards,
+           dropped=int(_metric(scraped, "dfp_capture_dropped_total")),
+           records_written_before_stop=int(_metric(scraped, "dfp_capture_records_written_total")),
+           errors=sum(r["errors"] for rs in rounds.values() for r in rs),
+           recording=not args.no_record, streams=args.streams, tokens_per_reply=args.tokens, delay_ms=args.delay_ms, rounds=args.rounds,
+           seconds_per_round=args.seconds, load_average=[round(x, 2) for x in os.getloadavg()])
+
+
+if __name__ == "__main__":
+    main()

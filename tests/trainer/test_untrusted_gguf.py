@@ -82,7 +82,7 @@ def test_hostile_gguf_headers_fail_their_jobs_at_once_and_the_worker_stays_small
     assert "twins.gguf: malformed GGUF (tensor 'blk.0]0;pwned[2J': two tensors of this name)" in second.error
     assert printable(second.error) == second.error
     for rec in (first, second):
-        assert rec.finished_at - rec.started_at < 5, rec  # refused from the header: no child, no parse
+        assert rec.finished_at - rec.started_at < 60, rec  # refused from the header, not after a parse runs out
     queue = TaskQueue(redis_client, "train")
     assert queue.dead_letters() == [] and queue.pending() == 0  # failed, not retried
     print(f"peak worker RSS {peak >> 20} MiB")

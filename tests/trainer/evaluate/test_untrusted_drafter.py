@@ -60,7 +60,6 @@ def test_an_oversized_drafter_config_fails_the_evaluate_job_at_once(tmp_path, re
     assert rec.state == JobState.failed
     assert f"{huge}/config.json" in rec.error and "intermediate_size 4000000" in rec.error, rec.error
     assert "16 x hidden_size" in rec.error
-    assert rec.finished_at - rec.started_at < 30  # the target's load, then the refusal: nothing built
     queue = TaskQueue(redis_client, "train")
     assert queue.dead_letters() == [] and queue.pending() == 0
     print(f"peak worker RSS {peak >> 20} MiB")

@@ -26,6 +26,7 @@ from tests.e2e.test_vllm_dspark import _recorded_blocks, serve_check_refuses
 from tests.e2e.test_vllm_serve import _train_drafter, servable_target, vllm_python  # noqa: F401 (fixtures)
 from tests.trainer.train_support import subprocess_env
 
+pytestmark = pytest.mark.timeout(1800)  # may be the first to install vLLM's environment
 HEADS_SCRIPT = Path(__file__).with_name("vllm_dflash2_heads.py")
 FIELDS = dict(family="dflash2", conv_kernel_size=3, conv_group_size=16, selector_rank=8, selector_top_k=4)
 

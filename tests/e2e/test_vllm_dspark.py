@@ -32,6 +32,7 @@ from safetensors.torch import save_file
 from tests.e2e.test_vllm_serve import _train_drafter, servable_target, vllm_python  # noqa: F401 (fixtures)
 from tests.trainer.train_support import ROOT, subprocess_env, torch_threads
 
+pytestmark = pytest.mark.timeout(1800)  # may be the first to install vLLM's environment
 HEADS_SCRIPT = Path(__file__).with_name("vllm_dspark_heads.py")
 
 

@@ -30,6 +30,8 @@ from tests.trainer.data_support import self_generated_samples, write_dataset
 from tests.trainer.train_support import ROOT, subprocess_env, tiny_spec, torch_threads
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# the first test to need vLLM installs its environment (minutes on a fresh machine) inside its own time
+pytestmark = pytest.mark.timeout(1800)
 MAX_NEW_TOKENS = 32
 
 

@@ -21,6 +21,11 @@ file of its PyPI wheel, :mod:`dfp_dev.targets.smollm2`):
 Project: τ of the trained drafter on MT-Bench. Baseline: n-gram speculation's τ there (goal: 2×).
 Limit: the block size. ``--levers`` (or ``--only``) adds one drafter per recipe lever. Stages are
 cached under ``--work`` by their inputs.
+
+``--curve SIZES`` is the data-scaling mode (:mod:`quality_curve`): no generation; ShareGPT's own first answers at
+each size, every ``--curve-recipes`` recipe trained on them, each drafter evaluated by replay on the target's greedy
+answers to MT-Bench and the held-out slice (real decoding beside it for ``--curve-decode-check`` sizes), τ against
+trained tokens fitted and plotted.
 """
 
 from __future__ import annotations

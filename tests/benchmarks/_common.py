@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,3 +42,25 @@ def report(name: str, unit: str, project: float, baseline: float | None = None, 
           + (f" | limit {limit:,.1f} ({project / limit:.2f} of it)" if limit else ""))
     print(json.dumps(doc))
     return doc
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), or None where unavailable."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_server(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
+    """``cmd`` started with ``env``, once it listens on ``port`` (60 s at most; its stderr's tail in the error)."""
+    from tests.support.servers import wait_for_port
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, timeout=60)
+    except Exception:
+        proc.kill()
+        raise RuntimeError(f"server did not start: {proc.stderr.read().decode()[-2000:]}") from None
+    return proc

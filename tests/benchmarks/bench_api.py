@@ -24,13 +24,14 @@ import asyncio
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "services"), str(ROOT)]
+
+from tests.benchmarks._common import process_cpu_s, start_server  # noqa: E402
 
 KEY = "dfp_bench-key-000000000000000000"
 NAMES = ("project", "baseline", "limit")
@@ -98,25 +99,6 @@ async def load(port: int, path: str, headers: str, clients: int, seconds: float,
             "requests": len(lat), "errors": len(errors)}
 
 
-def _cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process (Linux /proc), or None where unavailable."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _start(cmd: list[str], env: dict, port: int):
-    from tests.support.servers import wait_for_port
-
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for_port(port, timeout=60)
-    except Exception:
-        proc.kill()
-        raise RuntimeError(f"server did not start: {proc.stderr.read().decode()[-2000:]}") from None
-    return proc
 
 
 def _median(values: list[float]) -> float:
@@ -164,13 +146,13 @@ def main() -> None:
                     cmd = [sys.executable, "-m", "dfp_cli.main", "api", "serve", "--host", "127.0.0.1",
                            "--port", str(port), "--redis-url", redis_server.url,
                            "--rate-limit-per-s", "1000000", "--rate-limit-burst", "1000000"]
-                    proc = _start(cmd, {**env, "DFLASH_API_KEYS": json.dumps([entry]), "DFLASH_LOG_LEVEL": "WARNING"},
+                    proc = start_server(cmd, {**env, "DFLASH_API_KEYS": json.dumps([entry]), "DFLASH_LOG_LEVEL": "WARNING"},
                                   port)
                     headers = f"Authorization: Bearer {KEY}\r\n"
                 else:
                     cmd = [sys.executable, __file__, "--serve", name, "--port", str(port), "--redis-url",
                            redis_server.url]
-                    proc = _start(cmd, env, port)
+                    proc = start_server(cmd, env, port)
                     headers = ""
                 servers[name] = (proc, port, headers)
             # rounds interleave the three servers, so a load change on the machine hits all of them
@@ -178,9 +160,9 @@ def main() -> None:
             for i in range(args.rounds):
                 for name in NAMES:
                     proc, port, headers = servers[name]
-                    cpu0 = _cpu_s(proc.pid)
+                    cpu0 = process_cpu_s(proc.pid)
                     res = uvloop.run(load(port, path, headers, args.clients, args.seconds, args.warmup))
-                    cpu1 = _cpu_s(proc.pid)
+                    cpu1 = process_cpu_s(proc.pid)
                     # server CPU per request (warm-up requests included in both terms): steady under
                     # machine load, unlike requests/s
                     res["cpu_us"] = (1e6 * (cpu1 - cpu0) / (res["requests"] + res["warmup_requests"])

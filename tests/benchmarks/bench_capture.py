@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "services"), str(ROOT)]
 
-from tests.benchmarks._common import report  # noqa: E402
+from tests.benchmarks._common import process_cpu_s, report, start_server  # noqa: E402
 
 MODEL = "bench-target"
 SIDES = ("direct", "capture")
@@ -143,25 +143,6 @@ def _pct(values: list[float], q: float) -> float:
     return 1000 * values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
 
 
-def _cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process (Linux /proc), or None where unavailable."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _start(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
-    from tests.support.servers import wait_for_port
-
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for_port(port, timeout=60)
-    except Exception:
-        proc.kill()
-        raise RuntimeError(f"server did not start: {proc.stderr.read().decode()[-2000:]}") from None
-    return proc
 
 
 def _metric(text: str, name: str) -> float:
@@ -209,11 +190,11 @@ def main() -> None:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "services"), str(ROOT), env.get("PYTHONPATH", "")])
     with tempfile.TemporaryDirectory(prefix="bench-capture-") as tmp:
         up_port, cap_port = free_port(), free_port()
-        upstream = _start([sys.executable, __file__, "--serve-upstream", "--port", str(up_port),
+        upstream = start_server([sys.executable, __file__, "--serve-upstream", "--port", str(up_port),
                            "--tokens", str(args.tokens), "--delay-ms", str(args.delay_ms)], env, up_port)
         capture = None
         try:
-            capture = _start([sys.executable, "-m", "dfp_cli.main", "capture", "serve",
+            capture = start_server([sys.executable, "-m", "dfp_cli.main", "capture", "serve",
                               "--upstream", f"http://127.0.0.1:{up_port}"],
                              {**env, "DFLASH_STORAGE_URL": f"file://{tmp}", "DFLASH_CAPTURE_PREFIX": f"file://{tmp}/capture",
                               "DFLASH_CAPTURE_ENABLED": "false" if args.no_record else "true", "DFLASH_CAPTURE_HOST": "127.0.0.1",
@@ -227,9 +208,9 @@ def main() -> None:
             rounds: dict[str, list[dict]] = {side: [] for side in SIDES}
             for i in range(args.rounds):
                 for side in (SIDES if i % 2 == 0 else SIDES[::-1]):
-                    cpu0 = _cpu_s(capture.pid)
+                    cpu0 = process_cpu_s(capture.pid)
                     res = uvloop.run(load(ports[side], args.streams, args.tokens, args.seconds))
-                    cpu1 = _cpu_s(capture.pid)
+                    cpu1 = process_cpu_s(capture.pid)
                     res["capture_cpu_s"] = (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None
                     rounds[side].append(res)
                     if side == "capture":

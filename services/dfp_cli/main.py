@@ -26,6 +26,7 @@ COMMANDS = {
     "status": "dfp_cli.client:status",
     "cancel": "dfp_cli.client:cancel",
     "models": "dfp_cli.models:group",
+    "adapt": "dfp_cli.adapt:group",
 }
 
 HELP = {
@@ -40,6 +41,7 @@ HELP = {
     "status": "Show (or watch) a job's progress.",
     "cancel": "Cancel a job.",
     "models": "Import targets (GGUF checkpoints) as safetensors Hugging Face directories.",
+    "adapt": "Train a drafter on captured traffic; promote it when it beats the served one; roll back.",
 }
 
 

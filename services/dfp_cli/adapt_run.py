@@ -1,0 +1,154 @@
+"""One adaptation run: captured traffic in, a candidate drafter trained, evaluated and promoted or refused.
+
+1. :func:`~dfp_shared.capture_source.prepare_source` splits the window's records under the run's prefix:
+   greedy records to train on as they are, sampled ones to regenerate (or train on as they are), and the
+   newest share as held-out prompts;
+2. a ``generate`` job answers the sampled prompts greedily; its completions join the greedy records;
+3. a ``pipeline`` job (tokenize, then train warm-started from the served drafter's current version);
+4. two ``evaluate`` jobs on the held-out prompts: the candidate, and the served version (both report n-gram
+   speculation beside them); with no drafter served yet, n-gram speculation is the baseline;
+5. :func:`~dfp_shared.promotion_rule.decide` on the paired per-prompt τ; the served store promotes the
+   candidate or records the refusal, with the evidence.
+
+Every job goes through the API with the caller's key (its checks of roots, owners and bounds apply); the run
+reads and writes its own prefix and the served store directly, inside the storage roots.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from dfp_shared.capture_source import prepare_source, window
+from dfp_shared.promotion import ServedDrafters
+from dfp_shared.promotion_rule import decide, paired
+from dfp_shared.storage import open_store, split_uri, visible
+from dfp_shared.storage_roots import StorageRoots
+
+from .adapt_settings import AdaptSettings
+
+log = logging.getLogger(__name__)
+TERMINAL = ("succeeded", "failed", "cancelled")
+MAX_REPORT_BYTES = 64 << 20
+STAGE_FIELDS = ("generate", "tokenize", "train", "evaluate")
+
+
+class AdaptError(RuntimeError):
+    """A run that cannot go on (a job failed, a window without data); the message says why."""
+
+
+class JobsApi:
+    """Submit a job and wait for it to end, through the REST API (``api`` is a :class:`~dfp_cli.api_client.Api`)."""
+
+    def __init__(self, api, poll_s: float, timeout_s: float):
+        self.api, self.poll_s, self.timeout_s = api, poll_s, timeout_s
+
+    def run(self, job_type: str, spec: dict) -> dict:
+        job = self.api.call("POST", "/v1/jobs", json={"type": job_type, "spec": spec}).json()
+        log.info("adapt job submitted", extra={"job_id": job["id"], "type": job_type})
+        deadline = time.monotonic() + self.timeout_s
+        while job["state"] not in TERMINAL:
+            if time.monotonic() > deadline:
+                raise AdaptError(f"{job_type} job {job['id']} still {job['state']} after {self.timeout_s:.0f} s")
+            time.sleep(self.poll_s)
+            job = self.api.call("GET", f"/v1/jobs/{job['id']}").json()
+        if job["state"] != "succeeded":
+            raise AdaptError(f"{job_type} job {job['id']} {job['state']}: {job.get('error') or ''}".rstrip(": "))
+        return job
+
+
+@dataclass
+class RunPlan:
+    """Where one run reads and writes: all inside the storage roots."""
+
+    capture: str
+    run: str  # the run's own prefix
+    served: ServedDrafters
+    stages: dict  # the stages' spec fields (generate, tokenize, train, evaluate)
+
+
+def plan_run(settings: AdaptSettings, stages: dict, now: datetime | None = None) -> RunPlan:
+    """The run's locations, each checked against the storage roots."""
+    roots = StorageRoots.from_settings(settings)
+    unknown = set(stages) - set(STAGE_FIELDS)
+    if unknown:
+        raise AdaptError(f"adapt spec: unknown stages {sorted(unknown)}; expected some of {list(STAGE_FIELDS)}")
+    capture = roots.check(settings.capture(), "adapt capture prefix")
+    served = roots.check(settings.served(), "adapt served location")
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%S")
+    run = roots.check(f"{settings.runs().rstrip('/')}/{settings.adapt_name}/{stamp}/", "adapt runs prefix")
+    roots.check_explicit_output(run, "adapt runs prefix")
+    return RunPlan(capture, run, ServedDrafters(served, settings.adapt_name, settings.s3_endpoint_url), stages)
+
+
+def _copy_completions(completions: str, data: str, endpoint_url: str | None) -> int:
+    """The generate job's completion files into the run's data prefix (beside the greedy records)."""
+    src, dst = open_store(completions, endpoint_url=endpoint_url), open_store(data, endpoint_url=endpoint_url)
+    keys = [k for k in visible(src.list("")) if k.endswith(".jsonl")]
+    for key in keys:
+        dst.put("generated-" + key.replace("/", "-"), src.get(key))
+    return len(keys)
+
+
+def _per_prompt(report_uri: str, endpoint_url: str | None) -> tuple[dict[str, float], dict[str, float]]:
+    """Per-prompt τ of the drafter and of n-gram speculation from an evaluate job's report."""
+    root, key = split_uri(report_uri)
+    with open_store(root, endpoint_url=endpoint_url).open_read(key) as f:
+        data = f.read(MAX_REPORT_BYTES + 1)
+    if len(data) > MAX_REPORT_BYTES:
+        raise AdaptError(f"{report_uri}: larger than {MAX_REPORT_BYTES} bytes")
+    rows = json.loads(data)["sets"][0]["per_prompt"]
+    return ({str(r["id"]): float(r["tau_dflash"]) for r in rows}, {str(r["id"]): float(r["tau_ngram"]) for r in rows})
+
+
+def _evaluate(jobs: JobsApi, plan: RunPlan, drafter: str, heldout: str, prompts: int, name: str,
+              endpoint_url: str | None) -> tuple[dict, dict]:
+    spec = {**plan.stages.get("evaluate", {}), "drafter": drafter, "prompts": [heldout], "output": plan.run + name + "/",
+            "max_prompts": prompts}
+    job = jobs.run("evaluate", spec)
+    return _per_prompt(job["outputs"]["report"], endpoint_url)
+
+
+def train_candidate(jobs: JobsApi, plan: RunPlan, split, endpoint_url: str | None) -> tuple[dict, int | None]:
+    """Regenerate (if any), tokenize and train; returns the pipeline job and the served version it started from."""
+    if split.regenerate:
+        gen = jobs.run("generate", {**plan.stages.get("generate", {}), "prompts": split.regenerate,
+                                    "output": plan.run + "generated/", "temperature": 0.0})
+        _copy_completions(gen["outputs"]["completions"], split.data, endpoint_url)
+    served_version = plan.served.current_version()
+    train = {**plan.stages.get("train", {}), "output": plan.run + "train/"}
+    if served_version is not None:
+        train["init_from"] = plan.served.version_uri(served_version)
+    pipeline = jobs.run("pipeline", {"tokenize": {**plan.stages.get("tokenize", {}), "input": split.data,
+                                                  "output": plan.run + "tokens/"}, "train": train})
+    return pipeline, served_version
+
+
+def adapt_once(jobs: JobsApi, settings: AdaptSettings, stages: dict, now: datetime | None = None) -> dict:
+    """One run (see the module's docstring); returns the served store's event (promoted or refused)."""
+    plan = plan_run(settings, stages, now)
+    endpoint = settings.s3_endpoint_url
+    since, until = window(None, now, settings.adapt_window_hours, now=now)
+    split = prepare_source(plan.capture, plan.run, since, until, heldout_share=settings.adapt_heldout_share,
+                           regenerate=settings.adapt_regenerate, endpoint_url=endpoint)
+    log.info("adapt source prepared", extra={"run": plan.run, **split.as_dict()})
+    pipeline, served_version = train_candidate(jobs, plan, split, endpoint)
+    drafter = pipeline["outputs"]["drafter"]
+    cand, ngram = _evaluate(jobs, plan, drafter, split.heldout, split.heldout_records, "eval-candidate", endpoint)
+    baseline, baseline_name = ngram, "ngram"
+    if served_version is not None:
+        baseline, _ = _evaluate(jobs, plan, plan.served.version_uri(served_version), split.heldout,
+                                split.heldout_records, "eval-served", endpoint)
+        baseline_name = f"served version {served_version}"
+    decision = decide(*paired(cand, baseline), threshold=settings.adapt_threshold, z=settings.adapt_z)
+    evidence = {"source_job": pipeline["id"], "run": plan.run, "baseline": baseline_name,
+                "served_version": served_version, "window": {"since": f"{since:%Y-%m-%dT%H:%M:%SZ}",
+                                                             "until": f"{until:%Y-%m-%dT%H:%M:%SZ}"},
+                "tau_ngram": sum(ngram.values()) / len(ngram) if ngram else None,
+                "source": split.as_dict(), **decision.as_dict()}
+    if decision.promote:
+        return plan.served.promote(drafter, evidence)
+    return plan.served.record({"action": "refused", "candidate": drafter, **evidence})

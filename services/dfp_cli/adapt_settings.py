@@ -1,0 +1,47 @@
+"""Settings of ``dflash-pipeline adapt`` (``DFLASH_ADAPT_*``, or the matching ``--adapt-*`` flag)."""
+
+from __future__ import annotations
+
+from dfp_shared.capture_source import MAX_HELDOUT_SHARE, MAX_WINDOW_HOURS
+from dfp_shared.config import CommonSettings
+from dfp_shared.promotion_rule import MAX_THRESHOLD, MAX_Z
+from pydantic import Field, SecretStr
+
+
+class AdaptSettings(CommonSettings):
+    api_url: str = Field("http://127.0.0.1:8000", pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
+                         description="Base URL of the API the run's jobs are submitted to.")
+    api_key: SecretStr | None = Field(None, description="API key the jobs are submitted with (environment only).")
+    adapt_name: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                            description="Name of the served drafter: its folder under the served location.")
+    adapt_served: str = Field("", description="Served location (inside the storage roots): <served>/<name>/current/ is "
+                                              "what serving reads; empty: <storage_url>/served.")
+    adapt_capture_prefix: str = Field("", description="Capture prefix the traffic is read from; empty: "
+                                                      "<storage_url>/capture.")
+    adapt_runs: str = Field("", description="Prefix each run's data, jobs' outputs and evaluations go under "
+                                            "(<runs>/<name>/<time>/); empty: <storage_url>/adapt.")
+    adapt_window_hours: float = Field(24.0, gt=0, le=MAX_WINDOW_HOURS,
+                                      description=f"Hours of traffic, ending now, a run trains on (0..{MAX_WINDOW_HOURS}).")
+    adapt_heldout_share: float = Field(0.1, gt=0, le=MAX_HELDOUT_SHARE,
+                                       description="Share of the window's newest records held out for evaluation "
+                                                   f"(0..{MAX_HELDOUT_SHARE}).")
+    adapt_regenerate: bool = Field(True, description="Regenerate the sampled (non-greedy) records' answers greedily "
+                                                     "with a generate job; off: train on them as they are.")
+    adapt_threshold: float = Field(0.05, ge=0, le=MAX_THRESHOLD,
+                                   description="Least mean τ gain (tokens per verify step) a candidate must show.")
+    adapt_z: float = Field(1.96, ge=0, le=MAX_Z,
+                           description="Standard errors of the paired τ difference the gain must exceed.")
+    adapt_spec: str = Field("", description="YAML/JSON file of the stages' spec fields: generate, tokenize, train, "
+                                            "evaluate (target, tokenizer, steps, ...); the run sets inputs and outputs.")
+    adapt_poll_s: float = Field(5.0, gt=0, le=600, description="Seconds between looks at a running job.")
+    adapt_timeout_s: float = Field(86_400.0, gt=0, le=7 * 86_400,
+                                   description="Seconds a run waits for one of its jobs before it gives up.")
+
+    def served(self) -> str:
+        return self.adapt_served or self.storage_url.rstrip("/") + "/served"
+
+    def capture(self) -> str:
+        return self.adapt_capture_prefix or self.storage_url.rstrip("/") + "/capture"
+
+    def runs(self) -> str:
+        return self.adapt_runs or self.storage_url.rstrip("/") + "/adapt"

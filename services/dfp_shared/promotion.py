@@ -1,0 +1,161 @@
+"""The served drafter's store: where serving reads a drafter, its version history, promotion and rollback.
+
+Layout under ``<served>/<name>/`` (``served`` is the operator's served location, inside the storage roots):
+
+* ``current/`` - the drafter serving reads (a drafter export: ``config.json``, ``model.safetensors``, ...);
+* ``versions/<n>/`` - every drafter ever promoted, byte for byte as it was promoted, numbered from 1;
+* ``history.json`` - the decisions in order (promoted, refused, rolled back: the evidence and the reason)
+  and ``stack``, the versions that have been current, the current one last.
+
+A promotion writes the new version first, then ``current/``, then ``history.json``; a rollback copies the
+version before the current one back into ``current/`` (removing files the newer version added) and records
+it. So a reader of ``history.json`` never sees a version that is not whole, on a local disk and on S3 alike.
+Whether a candidate is promoted is :mod:`.promotion_rule`'s to say.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from .storage import NotFound, ObjectStore, open_store, visible
+
+HISTORY = "history.json"
+CURRENT = "current/"
+VERSIONS = "versions/"
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_HISTORY_BYTES = 16 << 20
+MAX_EVENTS = 10_000  # the oldest decisions are dropped past this many (the versions stay)
+
+
+class PromotionError(ValueError):
+    """A promotion or rollback that cannot be done (the message says why)."""
+
+
+def check_name(name: str) -> str:
+    """A drafter name: 1..64 letters, digits, ``.``, ``_`` or ``-``, starting with a letter or digit."""
+    if not NAME_RE.match(name) or ".." in name:
+        raise PromotionError(f"drafter name {name!r}: use 1..64 letters, digits, '.', '_' or '-'")
+    return name
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class ServedDrafters:
+    """The served store of one drafter name (see the module's docstring for the layout)."""
+
+    def __init__(self, served: str, name: str, endpoint_url: str | None = None):
+        self.name = check_name(name)
+        self.uri = served.rstrip("/") + "/" + name + "/"
+        self.store = open_store(self.uri, endpoint_url=endpoint_url)
+        self.endpoint_url = endpoint_url
+
+    @property
+    def current_uri(self) -> str:
+        """What serving reads (and a warm start starts from)."""
+        return self.uri + CURRENT
+
+    def version_uri(self, version: int) -> str:
+        """A promoted version's own copy (it never changes; evaluations name it rather than ``current/``)."""
+        return f"{self.uri}{VERSIONS}{version}/"
+
+    def history(self) -> dict:
+        """``{"name", "stack", "events"}``; empty for a name never promoted."""
+        try:
+            with self.store.open_read(HISTORY) as f:
+                data = f.read(MAX_HISTORY_BYTES + 1)
+        except NotFound:
+            return {"name": self.name, "stack": [], "events": []}
+        if len(data) > MAX_HISTORY_BYTES:
+            raise PromotionError(f"{self.uri}{HISTORY}: larger than {MAX_HISTORY_BYTES} bytes")
+        try:
+            history = json.loads(data)
+        except ValueError as exc:
+            raise PromotionError(f"{self.uri}{HISTORY}: not JSON ({exc})") from None
+        if not isinstance(history, dict) or not isinstance(history.get("stack"), list) \
+                or not isinstance(history.get("events"), list) \
+                or not all(isinstance(v, int) and v > 0 for v in history["stack"]):
+            raise PromotionError(f"{self.uri}{HISTORY}: not a served drafter's history")
+        return history
+
+    def current_version(self) -> int | None:
+        stack = self.history()["stack"]
+        return stack[-1] if stack else None
+
+    def _write_history(self, history: dict) -> None:
+        history["events"] = history["events"][-MAX_EVENTS:]
+        self.store.put(HISTORY, (json.dumps(history, indent=1) + "\n").encode())
+
+    def _versions(self) -> list[int]:
+        found = set()
+        for key in self.store.list(VERSIONS):
+            head = key[len(VERSIONS):].split("/", 1)[0]
+            if head.isdigit():
+                found.add(int(head))
+        return sorted(found)
+
+    def record(self, event: dict) -> dict:
+        """Add a decision that changes nothing served (a refusal) to the history; returns the event."""
+        history = self.history()
+        event = {"time": _now(), **event}
+        history["events"].append(event)
+        self._write_history(history)
+        return event
+
+    def promote(self, candidate: str, evidence: dict) -> dict:
+        """Copy the drafter export at ``candidate`` into a new version and into ``current/``; returns the event."""
+        source = open_store(candidate, endpoint_url=self.endpoint_url)
+        files = sorted(visible(source.list("")))
+        if "config.json" not in files:
+            raise PromotionError(f"{candidate}: no config.json (not a drafter export)")
+        history = self.history()
+        version = max([0, *self._versions(), *history["stack"]]) + 1
+        with tempfile.TemporaryDirectory(prefix="dflash-promote-") as tmp:
+            _copy(source, "", self.store, f"{VERSIONS}{version}/", files, Path(tmp))
+            _replace(self.store, f"{VERSIONS}{version}/", CURRENT, Path(tmp))
+        event = {"time": _now(), "action": "promoted", "version": version, "candidate": candidate, **evidence}
+        history["stack"].append(version)
+        history["events"].append(event)
+        self._write_history(history)
+        return event
+
+    def rollback(self, reason: str = "") -> dict:
+        """Restore the version that was current before the current one, byte for byte; returns the event."""
+        history = self.history()
+        if len(history["stack"]) < 2:
+            raise PromotionError(f"{self.uri}: no earlier version to roll back to "
+                                 f"(versions current so far: {history['stack'] or 'none'})")
+        undone, restored = history["stack"][-1], history["stack"][-2]
+        with tempfile.TemporaryDirectory(prefix="dflash-rollback-") as tmp:
+            _replace(self.store, f"{VERSIONS}{restored}/", CURRENT, Path(tmp))
+        event = {"time": _now(), "action": "rolled_back", "version": restored, "undone": undone,
+                 **({"reason": reason} if reason else {})}
+        history["stack"].pop()
+        history["events"].append(event)
+        self._write_history(history)
+        return event
+
+
+def _copy(src: ObjectStore, src_prefix: str, dst: ObjectStore, dst_prefix: str, files: list[str], tmp: Path) -> None:
+    """Copy ``files`` (relative keys) through a local file each, so a large weights file is never held in memory."""
+    for rel in files:
+        local = tmp / "f"
+        src.get_file(src_prefix + rel, local)
+        dst.put_file(dst_prefix + rel, local)
+        local.unlink()
+
+
+def _replace(store: ObjectStore, version_prefix: str, current: str, tmp: Path) -> None:
+    """Make ``current`` hold exactly the files of ``version_prefix``: copy each over, then remove the rest."""
+    files = sorted(k[len(version_prefix):] for k in visible(store.list(version_prefix)))
+    if not files:
+        raise PromotionError(f"{store.url(version_prefix)}: the version holds no files")
+    _copy(store, version_prefix, store, current, files, tmp)
+    for key in list(visible(store.list(current))):
+        if key[len(current):] not in files:
+            store.delete(key)

@@ -1,0 +1,162 @@
+"""The served drafter's store and the promotion rule: refused within the noise, promoted beyond it, rollback
+restoring the previous drafter byte for byte, on a local disk and on S3 (moto's server)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+
+import pytest
+from dfp_shared.promotion import PromotionError, ServedDrafters, check_name
+from dfp_shared.promotion_rule import decide, paired
+from dfp_shared.storage import open_store
+
+
+def write_export(store_uri: str, seed: int, endpoint_url: str | None = None, extra: bool = False) -> dict[str, bytes]:
+    """A drafter export's files (a config and random weights' bytes), written under ``store_uri``."""
+    files = {"config.json": json.dumps({"architectures": ["DFlashDraftModel"], "seed": seed}).encode(),
+             "model.safetensors": os.urandom(200_000 + seed),
+             "modeling_dflash.py": f"# modeling file {seed}\n".encode()}
+    if extra:
+        files["draft_vocab.json"] = b'{"size": 512}'
+    store = open_store(store_uri, endpoint_url=endpoint_url)
+    for name, data in files.items():
+        store.put(name, data)
+    return files
+
+
+def current_files(served: ServedDrafters) -> dict[str, bytes]:
+    store = served.store
+    return {k[len("current/"):]: store.get(k) for k in store.list("current/")}
+
+
+# --- the rule ----------------------------------------------------------------------------------------------
+
+SERVED = [1.80, 2.10, 1.95, 2.40, 1.70, 2.05, 2.20, 1.90]
+
+
+def test_a_candidate_within_the_noise_is_refused():
+    # better on average by 0.1, but the per-prompt differences swing by +-0.6: not beyond the noise
+    swings = [0.7, -0.5, 0.6, -0.4, 0.7, -0.5, 0.6, -0.4]
+    candidate = [s + d for s, d in zip(SERVED, swings)]
+    d = decide(candidate, SERVED, threshold=0.05, z=1.96)
+    assert not d.promote
+    assert d.mean_difference == pytest.approx(0.1)
+    assert d.mean_difference > d.threshold
+    assert d.mean_difference < d.z * d.standard_error
+    assert "within the noise" in d.reason
+
+
+def test_a_candidate_below_the_threshold_is_refused_however_steady():
+    candidate = [s + 0.03 for s in SERVED]  # steady gain, no spread at all, but under the operator's margin
+    d = decide(candidate, SERVED, threshold=0.05)
+    assert not d.promote and d.standard_error == pytest.approx(0.0, abs=1e-12)
+    assert "not above the threshold" in d.reason
+
+
+def test_a_worse_candidate_is_refused():
+    assert not decide([s - 0.3 for s in SERVED], SERVED, threshold=0.0).promote
+
+
+def test_a_candidate_better_beyond_the_noise_is_promoted():
+    gains = [0.30, 0.42, 0.25, 0.38, 0.33, 0.29, 0.41, 0.35]
+    d = decide([s + g for s, g in zip(SERVED, gains)], SERVED, threshold=0.05, z=1.96)
+    assert d.promote
+    mean = sum(gains) / len(gains)
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gains) / (len(gains) - 1))
+    assert d.mean_difference == pytest.approx(mean)
+    assert d.standard_error == pytest.approx(sd / math.sqrt(len(gains)))
+    assert d.tau_candidate - d.tau_baseline == pytest.approx(mean)
+
+
+def test_too_few_prompts_decide_nothing():
+    assert not decide([3.0], [1.0], threshold=0.0).promote
+    assert not decide([], [], threshold=0.0).promote
+
+
+def test_prompts_are_paired_by_id():
+    cand, base = paired({"a": 2.0, "b": 3.0, "c": 1.0}, {"c": 1.5, "a": 1.0, "z": 9.0})
+    assert cand == [2.0, 1.0] and base == [1.0, 1.5]
+
+
+@pytest.mark.parametrize(("threshold", "z"), [(-0.1, 1.96), (17.0, 1.96), (float("nan"), 1.96), (0.1, 11.0),
+                                              (0.1, float("inf"))])
+def test_the_rule_numbers_are_bounded(threshold, z):
+    with pytest.raises(ValueError):
+        decide([1.0, 2.0], [1.0, 1.0], threshold=threshold, z=z)
+
+
+# --- the store ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(params=["local", "s3"])
+def place(request, tmp_path):
+    """(root URI, endpoint) on a local disk and on moto's S3 server."""
+    if request.param == "local":
+        return f"file://{tmp_path}", None
+    s3 = request.getfixturevalue("s3_server")
+    return request.getfixturevalue("s3_bucket") + "/data", s3.endpoint_url
+
+
+def test_promote_then_rollback_restores_the_previous_drafter_byte_for_byte(place):
+    root, endpoint = place
+    first = write_export(f"{root}/runs/1/drafter", 1, endpoint)
+    second = write_export(f"{root}/runs/2/drafter", 2, endpoint, extra=True)  # adds a file the first lacks
+    served = ServedDrafters(f"{root}/served", "qwen3-8b", endpoint)
+    assert served.current_version() is None
+
+    e1 = served.promote(f"{root}/runs/1/drafter/", {"source_job": "job1"})
+    assert e1["version"] == 1 and current_files(served) == first
+    e2 = served.promote(f"{root}/runs/2/drafter/", {"source_job": "job2"})
+    assert e2["version"] == 2 and current_files(served) == second
+    assert served.current_version() == 2
+
+    event = served.rollback("regressed in production")
+    assert event == {**event, "action": "rolled_back", "version": 1, "undone": 2}
+    restored = current_files(served)
+    assert restored == first  # the same files, every byte; the second's extra file is gone
+    assert {k: hashlib.sha256(v).hexdigest() for k, v in restored.items()} == \
+           {k: hashlib.sha256(v).hexdigest() for k, v in first.items()}
+    assert served.current_version() == 1
+    # the versions stay as they were promoted
+    assert {k[len("versions/2/"):]: served.store.get(k) for k in served.store.list("versions/2/")} == second
+    actions = [e["action"] for e in served.history()["events"]]
+    assert actions == ["promoted", "promoted", "rolled_back"]
+
+    with pytest.raises(PromotionError, match="no earlier version"):
+        served.rollback()
+    e3 = served.promote(f"{root}/runs/2/drafter/", {"source_job": "job3"})
+    assert e3["version"] == 3 and served.history()["stack"] == [1, 3]
+
+
+def test_a_refusal_is_recorded_and_changes_nothing_served(tmp_path):
+    write_export(f"file://{tmp_path}/runs/1/drafter", 1)
+    served = ServedDrafters(f"file://{tmp_path}/served", "d", None)
+    served.promote(f"file://{tmp_path}/runs/1/drafter/", {})
+    before = current_files(served)
+    served.record({"action": "refused", "reason": "mean τ gain 0.1 is within the noise"})
+    assert current_files(served) == before
+    history = served.history()
+    assert history["stack"] == [1] and history["events"][-1]["action"] == "refused"
+
+
+def test_a_candidate_that_is_no_export_is_refused(tmp_path):
+    open_store(f"file://{tmp_path}/runs/x").put("weights.bin", b"x")
+    served = ServedDrafters(f"file://{tmp_path}/served", "d", None)
+    with pytest.raises(PromotionError, match="no config.json"):
+        served.promote(f"file://{tmp_path}/runs/x/", {})
+    assert served.current_version() is None
+
+
+@pytest.mark.parametrize("name", ["", "../up", "a/b", ".hidden", "x" * 65])
+def test_drafter_names_are_checked(name):
+    with pytest.raises(PromotionError):
+        check_name(name)
+
+
+def test_a_history_that_is_not_one_is_refused(tmp_path):
+    served = ServedDrafters(f"file://{tmp_path}/served", "d", None)
+    served.store.put("history.json", b'{"stack": ["../x"], "events": []}')
+    with pytest.raises(PromotionError, match="not a served drafter's history"):
+        served.current_version()

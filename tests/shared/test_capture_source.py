@@ -1,0 +1,101 @@
+"""Captured traffic as training data: the window's hour shards, incomplete records dropped, the newest share
+held out as prompts, greedy records trained on as they are and sampled ones regenerated (or not)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from dfp_shared.capture_source import SourceError, prepare_source, window, window_hours
+from dfp_shared.completions import completion_record, encode_records
+from dfp_shared.prompts import read_prompt_set
+from dfp_shared.storage import open_store
+
+T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)
+
+
+def record(n: int, at: datetime, greedy: bool, incomplete: bool = False) -> dict:
+    meta = {"source": "capture", "captured_at": at.strftime("%Y-%m-%dT%H:%M:%SZ"), "greedy": greedy,
+            "incomplete": incomplete, "model": "m", "sampling": {"temperature": 0 if greedy else 0.7}}
+    return completion_record(f"r{n}", [{"role": "user", "content": f"question {n}"}], f"answer {n}", None, meta)
+
+
+def write_capture(uri: str, endpoint_url: str | None = None) -> list[dict]:
+    """Three hours of traffic, 10 records an hour, every third sampled, one incomplete, plus a record outside."""
+    store = open_store(uri, endpoint_url=endpoint_url)
+    written = []
+    for hour in range(3):
+        rows = [record(hour * 10 + i, T0 + timedelta(hours=hour, minutes=5 * i), greedy=i % 3 != 0,
+                       incomplete=(hour, i) == (1, 4)) for i in range(10)]
+        data = encode_records(rows[:5]) + b"not json\n"
+        store.put(f"completions/{(T0 + timedelta(hours=hour)):%Y%m%dT%H}/w0-b-000001.jsonl", data)
+        store.put(f"completions/{(T0 + timedelta(hours=hour)):%Y%m%dT%H}/w1-b-000001.jsonl", encode_records(rows[5:]))
+        written += rows
+    store.put(f"completions/{(T0 + timedelta(hours=5)):%Y%m%dT%H}/w0-b-000001.jsonl",
+              encode_records([record(99, T0 + timedelta(hours=5), True)]))
+    return written
+
+
+def lines(store, prefix: str) -> list[dict]:
+    return [json.loads(line) for k in store.list(prefix) for line in store.get(k).splitlines()]
+
+
+@pytest.mark.parametrize("regenerate", [True, False])
+def test_the_window_is_split_into_greedy_sampled_and_held_out(tmp_path, regenerate):
+    written = write_capture(f"file://{tmp_path}/capture")
+    split = prepare_source(f"file://{tmp_path}/capture", f"file://{tmp_path}/run", T0, T0 + timedelta(hours=3),
+                           heldout_share=0.2, regenerate=regenerate)
+    assert split.shards == 6
+    assert split.dropped == {"incomplete": 1, "unreadable": 3, "long_line": 0}
+    usable = [r for r in written if not r["meta"]["incomplete"]]  # 29, the record at hour 5 is outside
+    held = round(len(usable) * 0.2)
+    newest = sorted(usable, key=lambda r: r["meta"]["captured_at"])[-held:]
+    out = open_store(f"file://{tmp_path}/run")
+    prompts = lines(out, "heldout/")
+    assert split.heldout_records == held == len(prompts)
+    assert {p["id"] for p in prompts} == {r["id"] for r in newest}
+    assert all(p["messages"] == [m for m in r["messages"] if m["role"] == "user"]
+               for p, r in zip(sorted(prompts, key=lambda p: p["id"]), sorted(newest, key=lambda r: r["id"])))
+    trained = [r for r in usable if r not in newest]
+    data = lines(out, "data/")
+    if regenerate:
+        assert data == [r for r in trained if r["meta"]["greedy"]]  # as they are, in capture order
+        regen = lines(out, "regenerate/")
+        assert [p["id"] for p in regen] == [r["id"] for r in trained if not r["meta"]["greedy"]]
+        assert all(p["messages"][-1]["role"] == "user" for p in regen)
+        assert split.regenerate == f"file://{tmp_path}/run/regenerate/"
+    else:
+        assert data == trained and split.regenerate is None and not list(out.list("regenerate/"))
+    assert split.greedy + split.sampled == len(trained)
+    # the held-out slice is a prompt set the evaluate and generate jobs read
+    prompts_read, errors = read_prompt_set(split.heldout)
+    assert len(prompts_read) == held and not errors
+
+
+def test_the_source_reads_s3(s3_server, s3_bucket):
+    write_capture(f"{s3_bucket}/capture", s3_server.endpoint_url)
+    split = prepare_source(f"{s3_bucket}/capture", f"{s3_bucket}/run", T0 + timedelta(hours=1),
+                           T0 + timedelta(hours=2), heldout_share=0.5, regenerate=True,
+                           endpoint_url=s3_server.endpoint_url)
+    assert split.shards == 2 and split.heldout_records == 4 and split.dropped["incomplete"] == 1
+    assert split.greedy + split.sampled == 5
+
+
+def test_a_window_without_enough_records_is_refused(tmp_path):
+    write_capture(f"file://{tmp_path}/capture")
+    with pytest.raises(SourceError, match="too few"):
+        prepare_source(f"file://{tmp_path}/capture", f"file://{tmp_path}/run", T0 + timedelta(days=2),
+                       T0 + timedelta(days=2, hours=1), heldout_share=0.1, regenerate=True)
+
+
+def test_windows_are_bounded():
+    assert window(None, T0, 2.0) == (T0 - timedelta(hours=2), T0)
+    assert window_hours(T0 - timedelta(minutes=30), T0 + timedelta(minutes=1)) == ["20260301T09", "20260301T10"]
+    for since, until, hours in [(None, T0, None), (None, T0, 0.0), (None, T0, 24 * 32.0), (T0, T0, None),
+                                (T0 - timedelta(days=40), T0, None)]:
+        with pytest.raises(SourceError):
+            window(since, until, hours)
+    with pytest.raises(SourceError, match="heldout_share"):
+        prepare_source("file:///nowhere", "file:///nowhere", T0, T0 + timedelta(hours=1), heldout_share=0.9,
+                       regenerate=True)

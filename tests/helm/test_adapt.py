@@ -1,0 +1,141 @@
+"""The adaptation loop in the chart: off by default; on, a CronJob that never overlaps, runs hardened like the
+other pods, and hands the run the settings ``dflash-pipeline adapt run`` reads."""
+
+from __future__ import annotations
+
+import json
+
+import helm_python
+import kubernetes_validate
+import pytest
+from kubernetes_validate.utils import latest_version
+
+from tests.support.chart import CHART_DIR, render, render_objects, strip_template
+
+SPEC = {"tokenize": {"tokenizer": "s3://dflash-pipeline/models/qwen3"},
+        "train": {"target": "s3://dflash-pipeline/models/qwen3", "steps": 2000},
+        "evaluate": {"target": "s3://dflash-pipeline/models/qwen3", "max_new_tokens": 256},
+        "generate": {"model": "s3://dflash-pipeline/models/qwen3", "engine": "openai"}}
+VALUES = {
+    "adapt": {"enabled": True, "schedule": "30 2 * * 1", "name": "qwen3-8b", "windowHours": 48, "heldoutShare": 0.05,
+              "regenerate": False, "threshold": 0.1, "z": 2.5, "served": "s3://dflash-pipeline/data/serving",
+              "spec": SPEC, "pollSeconds": 15, "activeDeadlineSeconds": 43200},
+    "capture": {"enabled": True, "upstream": "http://vllm.inference.svc:8000",
+                "prefix": "s3://dflash-pipeline/data/traffic"},
+    "storage": {"s3": {"existingSecret": "s3-keys"}},
+}
+
+
+def _adapt(objects: list[dict], kind: str) -> dict:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == "dflash-adapt")
+
+
+@pytest.fixture(scope="module")
+def enabled() -> list[dict]:
+    return render_objects(VALUES)
+
+
+def _env(container: dict, config_map: dict) -> dict[str, str]:
+    env = dict(config_map["data"])
+    env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
+    return env
+
+
+def test_disabled_by_default_renders_nothing():
+    assert all(not text.strip() for path, text in render().items() if "/adapt-" in path)
+
+
+def test_a_cronjob_that_never_overlaps_and_is_valid_kubernetes(enabled):
+    cron = _adapt(enabled, "CronJob")
+    assert cron["spec"]["schedule"] == "30 2 * * 1" and cron["spec"]["concurrencyPolicy"] == "Forbid"
+    job = cron["spec"]["jobTemplate"]["spec"]
+    assert job["backoffLimit"] == 0 and job["activeDeadlineSeconds"] == 43200
+    for obj in (cron, _adapt(enabled, "ConfigMap")):
+        kubernetes_validate.validate(strip_template(obj), latest_version(), strict=True)
+
+
+def test_runs_hardened_like_the_other_pods(enabled):
+    pod = _adapt(enabled, "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    api = next(o for o in enabled if o["kind"] == "Deployment" and o["metadata"]["name"] == "dflash-api")
+    assert pod["securityContext"] == api["spec"]["template"]["spec"]["securityContext"]
+    assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
+    (c,) = pod["containers"]
+    assert c["securityContext"] == api["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["command"] == ["dflash-pipeline"] and c["args"] == ["adapt", "run"] and "cuda" not in c["image"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+
+
+def test_values_become_the_settings_the_run_reads(enabled, monkeypatch, tmp_path):
+    from dfp_cli.adapt import _stages
+    from dfp_cli.adapt_settings import AdaptSettings
+
+    cron = _adapt(enabled, "CronJob")
+    (c,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    config = next(o for o in enabled if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "dflash-config")
+    for name, value in _env(c, config).items():
+        if name.startswith("DFLASH_"):
+            monkeypatch.setenv(name, value)
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
+    assert refs["DFLASH_API_KEY"] == {"name": "dflash-api-keys", "key": "admin-key"}
+    assert refs["AWS_ACCESS_KEY_ID"]["name"] == "s3-keys"
+    monkeypatch.setenv("DFLASH_API_KEY", "dfp_key")
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(_adapt(enabled, "ConfigMap")["data"]["spec.json"])
+    monkeypatch.setenv("DFLASH_ADAPT_SPEC", str(spec_file))
+    settings = AdaptSettings()
+    assert settings.api_url == "http://dflash-api:80" and settings.api_key.get_secret_value() == "dfp_key"
+    assert settings.adapt_name == "qwen3-8b" and settings.served() == "s3://dflash-pipeline/data/serving"
+    assert settings.capture() == "s3://dflash-pipeline/data/traffic"  # capture.prefix, as the pass-through writes
+    assert settings.runs() == "s3://dflash-pipeline/data/adapt"
+    assert (settings.adapt_window_hours, settings.adapt_heldout_share) == (48, 0.05)
+    assert settings.adapt_regenerate is False
+    assert (settings.adapt_threshold, settings.adapt_z, settings.adapt_poll_s) == (0.1, 2.5, 15)
+    assert _stages(settings.adapt_spec) == SPEC
+
+
+def test_an_own_api_key_secret_is_required_with_an_own_key_set():
+    values = {"adapt": {"enabled": True}, "api": {"auth": {"existingSecret": "my-keys"}}}
+    with helm_python.Chart.load(str(CHART_DIR)) as chart, pytest.raises(helm_python.HelmError) as err:
+        chart.render(values, name="dflash", namespace="dflash")
+    assert "adapt.apiKeySecret is required" in str(err.value)
+    values["adapt"].update(apiKeySecret="ci-key", apiKeySecretKey="key")
+    cron = _adapt(render_objects(values), "CronJob")
+    (c,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert next(e for e in c["env"] if e["name"] == "DFLASH_API_KEY")["valueFrom"]["secretKeyRef"] == \
+           {"name": "ci-key", "key": "key"}
+
+
+@pytest.mark.parametrize("adapt, where", [
+    ({"schedule": "daily"}, "/adapt/schedule"),
+    ({"windowHours": 0}, "/adapt/windowHours"),
+    ({"windowHours": 745}, "/adapt/windowHours"),
+    ({"heldoutShare": 0.9}, "/adapt/heldoutShare"),
+    ({"threshold": -1}, "/adapt/threshold"),
+    ({"z": 11}, "/adapt/z"),
+    ({"name": "../x"}, "/adapt/name"),
+    ({"served": "/local/path"}, "/adapt/served"),
+    ({"spec": {"train": {"steps": 1}, "deploy": {}}}, "/adapt/spec"),
+])
+def test_schema_rejects_bad_adapt_values(adapt, where):
+    with helm_python.Chart.load(str(CHART_DIR)) as chart, pytest.raises(helm_python.HelmError) as err:
+        chart.validate_schema(chart.merge_values({"adapt": {"enabled": True, **adapt}}))
+    assert f"at '{where}'" in str(err.value), str(err.value)
+
+
+def test_default_settings_match_the_run_defaults(monkeypatch):
+    from dfp_cli.adapt_settings import AdaptSettings
+
+    objects = render_objects({"adapt": {"enabled": True}})
+    cron = _adapt(objects, "CronJob")
+    (c,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    assert "DFLASH_ADAPT_SERVED" not in env and "DFLASH_ADAPT_CAPTURE_PREFIX" not in env
+    assert json.loads(_adapt(objects, "ConfigMap")["data"]["spec.json"]) == {}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = AdaptSettings()
+    fields = AdaptSettings.model_fields
+    for field in ("adapt_name", "adapt_window_hours", "adapt_heldout_share", "adapt_regenerate", "adapt_threshold",
+                  "adapt_z"):
+        assert getattr(settings, field) == fields[field].default, field

@@ -1,0 +1,132 @@
+"""The adaptation loop through the API and the services' real workers, on a tiny target: captured traffic in,
+a candidate trained, evaluated on the newest traffic and promoted or refused by the rule, with the evidence.
+
+The first run has nothing served: its candidate is judged against n-gram speculation, under a threshold no
+drafter can pass, and refused. The operator then serves that candidate (version 1); the second run trains on
+the sampled records as they are, warm-started from version 1, is evaluated beside it on the same held-out
+prompts, and its decision is the rule's on the two evaluations' per-prompt τ (here a refusal: trained on
+answers that are not the target's own, it drafts worse than version 1).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from dfp_cli.adapt_run import JobsApi, adapt_once
+from dfp_cli.adapt_settings import AdaptSettings
+from dfp_cli.api_client import Api
+from dfp_generation.settings import GenerationSettings
+from dfp_generation.tasks import GenerationHandler, GenerationWorker
+from dfp_shared.completions import completion_record, encode_records
+from dfp_shared.jobs import JobStore
+from dfp_shared.promotion import ServedDrafters
+from dfp_shared.promotion_rule import decide, paired
+from dfp_shared.queue import TaskQueue
+from dfp_shared.storage import open_store
+from dfp_shared.worker import Worker
+from dfp_trainer.settings import TrainerSettings
+from dfp_trainer.worker import TrainHandler
+
+from tests.trainer.train_support import tiny_spec, torch_threads
+
+from .conftest import WRITE_KEY, served
+from .tokenize_worker import start_worker
+
+NOW = datetime(2026, 3, 1, 12, 30, tzinfo=timezone.utc)
+TOPICS = ["rivers", "colours", "numbers", "planets", "trees", "birds", "metals", "seas", "stars", "cities", "fruit",
+          "stones"]
+
+
+def write_traffic(capture: str) -> None:
+    """Two hours of captured traffic: greedy and sampled records, and one the client left mid-stream."""
+    store = open_store(capture)
+    for hour in (1, 2):
+        rows = []
+        for i, topic in enumerate(TOPICS):
+            at = NOW - timedelta(hours=hour, minutes=-2 * i)
+            meta = {"source": "capture", "captured_at": at.strftime("%Y-%m-%dT%H:%M:%SZ"), "greedy": i % 3 != 0,
+                    "incomplete": i == 5, "model": "tiny"}
+            rows.append(completion_record(f"h{hour}-{i}", [{"role": "user", "content": f"Name three {topic}."}],
+                                          f"Three {topic}: one, two and three.", None, meta))
+        store.put(f"completions/{(NOW - timedelta(hours=hour)):%Y%m%dT%H}/w0-b-000001.jsonl", encode_records(rows))
+
+
+def stages(tiny_qwen3_dir) -> dict:
+    train = tiny_spec("unused", tiny_qwen3_dir, "unused", steps=4)
+    del train["dataset"], train["output"]
+    return {"generate": {"model": str(tiny_qwen3_dir), "max_new_tokens": 8, "shard_size": 4},
+            "tokenize": {"tokenizer": str(tiny_qwen3_dir), "max_length": 64, "truncation": "truncate"},
+            "train": train,
+            "evaluate": {"target": str(tiny_qwen3_dir), "max_new_tokens": 8, "batch_size": 4}}
+
+
+@pytest.fixture
+def workers(redis_server, redis_client, encoders):
+    """The generation, tokenizer and trainer workers, each in a thread, as their services run them."""
+    tokenizer, tokenizer_thread = start_worker(redis_client, encoders)
+    generation = GenerationWorker(GenerationHandler(redis_client, GenerationSettings(redis_url=redis_server.url)),
+                                  block_ms=200)
+    trainer = Worker(TaskQueue(redis_client, "train"), JobStore(redis_client),
+                     TrainHandler(TrainerSettings(redis_url=redis_server.url, device="cpu"), redis_client), block_ms=200)
+    threads = [tokenizer_thread] + [threading.Thread(target=w.run, daemon=True) for w in (generation, trainer)]
+    for t in threads[1:]:
+        t.start()
+    with torch_threads(1):
+        yield
+    for w in (tokenizer, generation, trainer):
+        w.stopping.set()
+    for t in threads:
+        t.join(30)
+
+
+def report_tau(report_uri: str) -> tuple[dict, dict]:
+    rows = json.loads(open(report_uri.removeprefix("file://")).read())["sets"][0]["per_prompt"]
+    return {r["id"]: r["tau_dflash"] for r in rows}, {r["id"]: r["tau_ngram"] for r in rows}
+
+
+@pytest.mark.timeout(600)
+def test_traffic_to_a_refused_then_a_judged_candidate(make_app, redis_client, workers, tiny_qwen3_dir, tmp_path):
+    root = f"file://{tmp_path}/store"
+    write_traffic(f"{root}/capture")
+    with served(make_app()) as port:
+        jobs = JobsApi(Api(f"http://127.0.0.1:{port}", WRITE_KEY), poll_s=0.2, timeout_s=300)
+        base = dict(storage_url=root, adapt_name="tiny", adapt_window_hours=3, adapt_heldout_share=0.2)
+
+        first = adapt_once(jobs, AdaptSettings(**base, adapt_threshold=16.0), stages(tiny_qwen3_dir), now=NOW)
+        assert first["action"] == "refused" and first["baseline"] == "ngram" and first["served_version"] is None
+        assert "not above the threshold 16.0" in first["reason"]
+        assert first["source"]["dropped"]["incomplete"] == 2 and first["source"]["heldout_records"] == 4
+        assert first["source"]["sampled"] > 0 and first["source"]["regenerate"]  # regenerated by a generate job
+        regenerated = open_store(first["run"] + "generated/completions/")
+        assert [k for k in regenerated.list("") if k.endswith(".jsonl")]
+        served_store = ServedDrafters(f"{root}/served", "tiny")
+        assert served_store.current_version() is None and not list(served_store.store.list("current/"))
+
+        served_store.promote(first["candidate"], {"source_job": "seeded by the operator"})  # version 1
+        second = adapt_once(jobs, AdaptSettings(**base, adapt_threshold=0.0, adapt_z=0.0, adapt_regenerate=False),
+                            stages(tiny_qwen3_dir), now=NOW + timedelta(minutes=1))
+    assert second["baseline"] == "served version 1" and second["served_version"] == 1
+    assert second["source"]["regenerate"] is None and second["source"]["greedy"] + second["source"]["sampled"] == 18
+    pipeline = api_job(redis_client, second["source_job"])
+    train = api_job(redis_client, pipeline.outputs["train_job"])
+    assert train.spec["init_from"] == served_store.version_uri(1)  # warm-started from what was served
+    cand, _ = report_tau(second["run"] + "eval-candidate/evaluation.json")
+    base_tau, _ = report_tau(second["run"] + "eval-served/evaluation.json")
+    expected = decide(*paired(cand, base_tau), threshold=0.0, z=0.0)
+    assert second["promote"] == expected.promote and second["mean_difference"] == pytest.approx(expected.mean_difference)
+    history = served_store.history()
+    assert [e["action"] for e in history["events"]][:2] == ["refused", "promoted"]
+    if expected.promote:
+        assert second["action"] == "promoted" and history["stack"] == [1, 2]
+        candidate = open_store(pipeline.outputs["drafter"])
+        assert {k: served_store.store.get("current/" + k) for k in candidate.list("")} == \
+               {k: candidate.get(k) for k in candidate.list("")}
+    else:
+        assert second["action"] == "refused" and history["stack"] == [1]
+
+
+def api_job(r, job_id: str):
+    return JobStore(r).get(job_id)

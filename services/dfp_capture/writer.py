@@ -3,7 +3,8 @@ that redacts, encodes and writes them as JSON Lines shards, and the retention sw
 
 Shard layout under the capture prefix: ``completions/<YYYYMMDDTHH>/<worker>-<boot>-<seq>.jsonl``, one file a
 flush, in the UTC hour of the flush (``records_key`` of ``dfp_shared.completions`` with the shard name
-``<hour>/<worker>-<boot>-<seq>``). The retention sweep deletes a shard once its whole hour is older than the
+``<hour>/<worker>-<boot>-<seq>``; the layout's owner is ``dfp_shared.capture_source``, which reads it back for
+training). The retention sweep deletes a shard once its whole hour is older than the
 retention. A full queue or a failed write drops the captures (counted); the request path never waits on it.
 """
 
@@ -18,6 +19,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 
+from dfp_shared.capture_source import CAPTURED_AT_FORMAT, HOUR_FORMAT, HOUR_RE
 from dfp_shared.completions import encode_records, records_key
 from dfp_shared.storage import ObjectStore
 
@@ -25,8 +27,6 @@ from . import metrics
 from .assemble import Exchange, Unusable, completion_records
 
 log = logging.getLogger(__name__)
-HOUR_FORMAT = "%Y%m%dT%H"
-HOUR_RE = re.compile(r"^completions/(\d{8}T\d{2})/[^/]+\.jsonl$")
 REDACTED = "[REDACTED]"
 
 
@@ -135,7 +135,7 @@ class CaptureWriter:
 
     def encode(self, capture: Capture) -> list[bytes]:
         """A capture's records, redacted and encoded; too large or unusable ones are dropped (counted)."""
-        meta = {"source": "capture", "captured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(capture.captured_at)),
+        meta = {"source": "capture", "captured_at": time.strftime(CAPTURED_AT_FORMAT, time.gmtime(capture.captured_at)),
                 "incomplete": capture.incomplete}
         try:
             records = completion_records(capture.exchange, uuid.uuid4().hex, meta)

@@ -20,13 +20,16 @@ the window's shards (an index of times first, then the records), so memory holds
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from .completions import MESSAGES, META, encode_records, record_id
 from .storage import ObjectStore, open_store, visible
 
-HOUR_FORMAT = "%Y%m%dT%H"
+HOUR_FORMAT = "%Y%m%dT%H"  # the hour folders, UTC
+HOUR_RE = re.compile(r"^completions/(\d{8}T\d{2})/[^/]+\.jsonl$")  # a shard's key under the capture prefix
+CAPTURED_AT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # a record's meta.captured_at, UTC
 SHARDS = "completions/"
 MAX_WINDOW_HOURS = 24 * 31
 MAX_HELDOUT_SHARE = 0.5
@@ -90,7 +93,7 @@ def window_hours(since: datetime, until: datetime) -> list[str]:
 
 def _captured_at(record: dict) -> datetime | None:
     try:
-        return _utc(datetime.strptime(str(record[META]["captured_at"]), "%Y-%m-%dT%H:%M:%SZ"))
+        return _utc(datetime.strptime(str(record[META]["captured_at"]), CAPTURED_AT_FORMAT))
     except (KeyError, TypeError, ValueError):
         return None
 

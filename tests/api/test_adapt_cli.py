@@ -1,0 +1,50 @@
+"""``dflash-pipeline adapt rollback | history``: the served drafter restored byte for byte from the command line,
+its history printed, the served location confined to the storage roots and the settings bounded."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from dfp_cli.main import cli
+from dfp_shared.promotion import ServedDrafters
+
+from tests.shared.test_promotion import current_files, write_export
+
+
+def test_rollback_restores_the_previous_drafter_and_history_shows_it(tmp_path):
+    root = f"file://{tmp_path}"
+    first = write_export(f"{root}/runs/1/drafter", 1)
+    write_export(f"{root}/runs/2/drafter", 2, extra=True)
+    served = ServedDrafters(f"{root}/served", "qwen3")
+    served.promote(f"{root}/runs/1/drafter/", {"source_job": "a"})
+    served.promote(f"{root}/runs/2/drafter/", {"source_job": "b"})
+    env = {"DFLASH_STORAGE_URL": root, "DFLASH_ADAPT_NAME": "qwen3", "DFLASH_LOG_JSON": "false"}
+
+    out = CliRunner().invoke(cli, ["adapt", "rollback", "--reason", "p99 latency up"], env=env)
+    assert out.exit_code == 0, out.output
+    event = json.loads(out.output)
+    assert event["action"] == "rolled_back" and event["version"] == 1 and event["reason"] == "p99 latency up"
+    assert current_files(served) == first
+
+    out = CliRunner().invoke(cli, ["adapt", "history"], env=env)
+    assert out.exit_code == 0, out.output
+    history = json.loads(out.output)
+    assert history["stack"] == [1] and [e["action"] for e in history["events"]] == ["promoted", "promoted",
+                                                                                     "rolled_back"]
+    again = CliRunner().invoke(cli, ["adapt", "rollback"], env=env)
+    assert again.exit_code != 0 and "no earlier version to roll back to" in again.output
+    assert current_files(served) == first
+
+
+def test_the_served_location_is_confined_and_settings_bounded(tmp_path):
+    env = {"DFLASH_STORAGE_URL": f"file://{tmp_path}/root", "DFLASH_ALLOWED_PREFIXES": ""}
+    out = CliRunner().invoke(cli, ["adapt", "rollback", "--adapt-served", "file:///etc/served"], env=env)
+    assert out.exit_code != 0 and "outside the allowed storage" in out.output
+    for flag, value, name in [("--adapt-threshold", "-1", "--adapt-threshold"), ("--adapt-z", "11", "--adapt-z"),
+                              ("--adapt-window-hours", "1000", "--adapt-window-hours"),
+                              ("--adapt-heldout-share", "0.9", "--adapt-heldout-share"),
+                              ("--adapt-name", "../x", "--adapt-name")]:
+        out = CliRunner().invoke(cli, ["adapt", "history", flag, value], env=env)
+        assert out.exit_code != 0 and name in out.output, (flag, out.output)
+    assert "--api-key" not in CliRunner().invoke(cli, ["adapt", "run", "--help"]).output  # environment only

@@ -132,9 +132,13 @@ def _index(store: ObjectStore, keys: list[str], since: datetime, until: datetime
     for key in keys:
         for n, line in enumerate(_lines(store, key)):
             record = _usable(line, split.dropped)
-            at = _captured_at(record) if record is not None else None
-            if record is None or at is None or not since <= at < until:
-                split.dropped["unreadable"] += record is not None and at is None
+            if record is None:
+                continue
+            at = _captured_at(record)
+            if at is None:  # no capture time: not the pass-through's record
+                split.dropped["unreadable"] += 1
+                continue
+            if not since <= at < until:  # an hour folder holds its whole hour; the window may cut it
                 continue
             index.append((at, record_id(record, f"{key}:{n}"), key, n))
             if len(index) > MAX_RECORDS:

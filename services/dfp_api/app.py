@@ -11,7 +11,7 @@ from prometheus_client import Histogram
 from . import errors
 from .deps import BEARER_SCHEME
 from .limits import BodyLimitMiddleware
-from .routes import health, jobs
+from .routes import health, jobs, keys
 from .settings import ApiSettings
 from .state import ApiState
 from .web import web
@@ -77,6 +77,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.state.api = state
     errors.install(app)
     app.include_router(jobs)
+    app.include_router(keys)
     app.include_router(health)
     app.include_router(web)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

@@ -1,4 +1,4 @@
-"""HTTP routes: jobs (submit, list, get, cancel, events, metrics) and health."""
+"""HTTP routes: jobs (submit, list, get, cancel, events, metrics), the calling key (whoami) and health."""
 
 from __future__ import annotations
 
@@ -31,12 +31,23 @@ from .deps import (
     visible,
 )
 from .events import job_events
-from .schemas import Health, Job, JobPage, JobRequest, JobSummary, JobType, MetricPage, error_responses
+from .schemas import (
+    Caller,
+    Health,
+    Job,
+    JobPage,
+    JobRequest,
+    JobSummary,
+    JobType,
+    MetricPage,
+    error_responses,
+)
 
 STRICT_REQUEST: TypeAdapter = TypeAdapter(JobRequest)
 SUBMITTED = Counter("dfp_api_jobs_submitted_total", "Jobs created through the API", ["type"])
 
 jobs = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+keys = APIRouter(prefix="/v1", tags=["keys"])
 health = APIRouter(tags=["health"])
 
 IdempotencyKey = Annotated[str, Header(  # not "| None": a header is absent or a string, never null
@@ -149,6 +160,12 @@ async def job_metrics(job: ExistingJob, reader: Reader,
         return MetricPage(job_id=job.id, items=[], next_after=None)
     items = await reader.metrics(job_id, after, limit)
     return MetricPage(job_id=job_id, items=items, next_after=int(items[-1]["step"]) if len(items) == limit else None)
+
+
+@keys.get("/whoami", response_model=Caller, responses=error_responses(401, 403, 422, 429, 503))
+async def whoami(caller: Reading) -> Caller:
+    """The calling key's name and scopes: the principal its jobs and their outputs belong to."""
+    return Caller(name=caller.name, scopes=sorted(caller.scopes))
 
 
 @health.get("/healthz", response_model=Health)

@@ -159,6 +159,11 @@ class Error(BaseModel):
         None, description="With a 429: the key's own usage of the limit it hit, and that limit.")
 
 
+class Caller(BaseModel):
+    name: str = Field(description="The key's name: the owner of the jobs it submits and of their outputs.")
+    scopes: list[str] = Field(description="The scopes the key holds (read, write, admin).")
+
+
 class Health(BaseModel):
     status: str
     checks: dict[str, str] = Field(default_factory=dict)

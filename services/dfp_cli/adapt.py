@@ -11,6 +11,7 @@ import yaml
 from dfp_shared.cli_support import with_settings
 from dfp_shared.printable import printable
 from dfp_shared.promotion import PromotionError, ServedDrafters
+from dfp_shared.storage import StorageError
 from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.storage_uris import OutsideRoots
 
@@ -62,7 +63,7 @@ def run(settings: AdaptSettings):
     jobs = JobsApi(Api(settings.api_url, key), settings.adapt_poll_s, settings.adapt_timeout_s)
     try:
         event = adapt_once(jobs, settings, _stages(settings.adapt_spec))
-    except (AdaptError, OutsideRoots, PromotionError, ValueError) as exc:
+    except (AdaptError, OutsideRoots, PromotionError, StorageError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     _print(event)
 

@@ -11,7 +11,8 @@
    candidate or records the refusal, with the evidence.
 
 Every job goes through the API with the caller's key (its checks of roots, owners and bounds apply); the run
-reads and writes its own prefix and the served store directly, inside the storage roots.
+reads and writes its own prefix and the served store directly, inside the storage roots, after claiming both
+for the key's principal as a job claims its output.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from dfp_shared.capture_source import prepare_source, window
+from dfp_shared.ownership import OutputClaims
 from dfp_shared.promotion import ServedDrafters
 from dfp_shared.promotion_rule import decide, paired
 from dfp_shared.storage import open_store, split_uri, visible
@@ -45,6 +47,10 @@ class JobsApi:
 
     def __init__(self, api, poll_s: float, timeout_s: float):
         self.api, self.poll_s, self.timeout_s = api, poll_s, timeout_s
+
+    def whoami(self) -> str:
+        """The key's principal: the owner of the run's jobs, and of the run's prefix and the served store."""
+        return self.api.call("GET", "/v1/whoami").json()["name"]
 
     def run(self, job_type: str, spec: dict) -> dict:
         job = self.api.call("POST", "/v1/jobs", json={"type": job_type, "spec": spec}).json()
@@ -70,8 +76,10 @@ class RunPlan:
     stages: dict  # the stages' spec fields (generate, tokenize, train, evaluate)
 
 
-def plan_run(settings: AdaptSettings, stages: dict, now: datetime | None = None) -> RunPlan:
-    """The run's locations, each checked against the storage roots."""
+def plan_run(settings: AdaptSettings, stages: dict, owner: str, now: datetime | None = None) -> RunPlan:
+    """The run's locations, each checked against the storage roots; the run's prefix and the served store are
+    claimed for ``owner`` (the key's principal) as a job's output is, so no other principal's job can write there
+    and a served store another principal holds is refused."""
     roots = StorageRoots.from_settings(settings)
     unknown = set(stages) - set(STAGE_FIELDS)
     if unknown:
@@ -81,7 +89,11 @@ def plan_run(settings: AdaptSettings, stages: dict, now: datetime | None = None)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%S")
     run = roots.check(f"{settings.runs().rstrip('/')}/{settings.adapt_name}/{stamp}/", "adapt runs prefix")
     roots.check_explicit_output(run, "adapt runs prefix")
-    return RunPlan(capture, run, ServedDrafters(served, settings.adapt_name, settings.s3_endpoint_url), stages)
+    drafters = ServedDrafters(served, settings.adapt_name, settings.s3_endpoint_url)
+    claims = OutputClaims(roots, settings.s3_endpoint_url)
+    claims.claim(drafters.uri, owner, f"adapt-{stamp}", "adapt served location")
+    claims.claim(run, owner, f"adapt-{stamp}", "adapt runs prefix")
+    return RunPlan(capture, run, drafters, stages)
 
 
 def _copy_completions(completions: str, data: str, endpoint_url: str | None) -> int:
@@ -129,7 +141,7 @@ def train_candidate(jobs: JobsApi, plan: RunPlan, split, endpoint_url: str | Non
 
 def adapt_once(jobs: JobsApi, settings: AdaptSettings, stages: dict, now: datetime | None = None) -> dict:
     """One run (see the module's docstring); returns the served store's event (promoted or refused)."""
-    plan = plan_run(settings, stages, now)
+    plan = plan_run(settings, stages, jobs.whoami(), now)
     endpoint = settings.s3_endpoint_url
     since, until = window(None, now, settings.adapt_window_hours, now=now)
     split = prepare_source(plan.capture, plan.run, since, until, heldout_share=settings.adapt_heldout_share,

@@ -22,10 +22,12 @@ from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
 from dfp_shared.completions import completion_record, encode_records
 from dfp_shared.jobs import JobStore
+from dfp_shared.ownership import OutputClaims, OutputOwned
 from dfp_shared.promotion import ServedDrafters
 from dfp_shared.promotion_rule import decide, paired
 from dfp_shared.queue import TaskQueue
 from dfp_shared.storage import open_store
+from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.worker import Worker
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler
@@ -104,6 +106,10 @@ def test_traffic_to_a_refused_then_a_judged_candidate(make_app, redis_client, wo
         assert [k for k in regenerated.list("") if k.endswith(".jsonl")]
         served_store = ServedDrafters(f"{root}/served", "tiny")
         assert served_store.current_version() is None and not list(served_store.store.list("current/"))
+        # the run claimed the served store for its key: another principal's job cannot write what serving reads
+        claims = OutputClaims(StorageRoots.from_settings(AdaptSettings(**base)))
+        with pytest.raises(OutputOwned, match="belongs to 'writer'"):
+            claims.claim(served_store.current_uri, "reader", "job-of-another-key")
 
         served_store.promote(first["candidate"], {"source_job": "seeded by the operator"})  # version 1
         second = adapt_once(jobs, AdaptSettings(**base, adapt_threshold=0.0, adapt_z=0.0, adapt_regenerate=False),

@@ -50,7 +50,11 @@ class JobsApi:
 
     def whoami(self) -> str:
         """The key's principal: the owner of the run's jobs, and of the run's prefix and the served store."""
-        return self.api.call("GET", "/v1/whoami").json()["name"]
+        caller = self.api.call("GET", "/v1/whoami").json()
+        if "write" not in caller["scopes"]:
+            raise AdaptError(f"the API key {caller['name']!r} cannot submit jobs (scopes {caller['scopes']}); "
+                             "an adapt run needs a key with the write scope")
+        return caller["name"]
 
     def run(self, job_type: str, spec: dict) -> dict:
         job = self.api.call("POST", "/v1/jobs", json={"type": job_type, "spec": spec}).json()

@@ -48,3 +48,14 @@ def test_the_served_location_is_confined_and_settings_bounded(tmp_path):
         out = CliRunner().invoke(cli, ["adapt", "history", flag, value], env=env)
         assert out.exit_code != 0 and name in out.output, (flag, out.output)
     assert "--api-key" not in CliRunner().invoke(cli, ["adapt", "run", "--help"]).output  # environment only
+
+
+def test_a_run_needs_a_key_that_may_submit_jobs(make_app, redis_client, tmp_path):
+    from .conftest import READ_KEY, served
+
+    with served(make_app()) as port:
+        env = {"DFLASH_STORAGE_URL": f"file://{tmp_path}", "DFLASH_API_URL": f"http://127.0.0.1:{port}",
+               "DFLASH_API_KEY": READ_KEY, "DFLASH_LOG_JSON": "false"}
+        out = CliRunner().invoke(cli, ["adapt", "run"], env=env)
+    assert out.exit_code == 1 and "an adapt run needs a key with the write scope" in out.output
+    assert not (tmp_path / "served").exists() and not (tmp_path / "adapt").exists()  # nothing claimed or written

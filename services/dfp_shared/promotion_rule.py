@@ -48,8 +48,8 @@ def check_rule(threshold: float, z: float) -> None:
 
 
 def paired(candidate: dict[str, float], baseline: dict[str, float]) -> tuple[list[float], list[float]]:
-    """The τ of the prompts both evaluations hold (by prompt id, in id order)."""
-    ids = sorted(set(candidate) & set(baseline))
+    """The τ of the prompts both evaluations hold with a finite τ (by prompt id, in id order)."""
+    ids = sorted(i for i in set(candidate) & set(baseline) if math.isfinite(candidate[i]) and math.isfinite(baseline[i]))
     return [candidate[i] for i in ids], [baseline[i] for i in ids]
 
 

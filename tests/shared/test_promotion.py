@@ -79,6 +79,8 @@ def test_too_few_prompts_decide_nothing():
 def test_prompts_are_paired_by_id():
     cand, base = paired({"a": 2.0, "b": 3.0, "c": 1.0}, {"c": 1.5, "a": 1.0, "z": 9.0})
     assert cand == [2.0, 1.0] and base == [1.0, 1.5]
+    cand, base = paired({"a": 2.0, "b": float("nan"), "c": 1.0}, {"a": 1.0, "b": 1.0, "c": float("inf")})
+    assert cand == [2.0] and base == [1.0]  # a prompt without a finite τ on either side is left out
 
 
 @pytest.mark.parametrize(("threshold", "z"), [(-0.1, 1.96), (17.0, 1.96), (float("nan"), 1.96), (0.1, 11.0),

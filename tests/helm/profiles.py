@@ -34,6 +34,13 @@ PROFILES: dict[str, dict] = {
         "redis": {"auth": {"existingSecret": "dflash-redis"}},
         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/dflash"}},
         "capture": {"enabled": True, "upstream": "http://vllm.inference.svc:8000", "redact": ["sk-[A-Za-z0-9]{20,}"]},
+        # the adaptation loop every six hours on the capture's traffic, with a key of its own
+        "adapt": {"enabled": True, "schedule": "0 */6 * * *", "windowHours": 6, "name": "qwen3-8b",
+                  "apiKeySecret": "dflash-adapt-key", "apiKeySecretKey": "key",
+                  "spec": {"tokenize": {"tokenizer": "s3://dflash-pipeline/models/Qwen3-8B"},
+                           "train": {"target": "s3://dflash-pipeline/models/Qwen3-8B", "steps": 2000},
+                           "evaluate": {"target": "s3://dflash-pipeline/models/Qwen3-8B"},
+                           "generate": {"model": "Qwen/Qwen3-8B", "engine": "openai"}}},
     },
     # a managed Redis (TLS, password from a Secret) and static S3 keys
     "external-redis": {

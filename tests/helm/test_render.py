@@ -62,6 +62,8 @@ def test_every_profile_renders_what_it_enables():
             ("PodDisruptionBudget", "dflash-capture")} <= kinds["gpu-keda"]
     assert not any(name == "dflash-capture" for p in PROFILES if p != "gpu-keda" for _, name in kinds[p])
     assert ("Deployment", "dflash-target") not in kinds["cpu-small"]
+    assert {("CronJob", "dflash-adapt"), ("ConfigMap", "dflash-adapt")} <= kinds["gpu-keda"]
+    assert not any(name == "dflash-adapt" for p in PROFILES if p != "gpu-keda" for _, name in kinds[p])
     for p in PROFILES:
         assert ("Pod", "dflash-test-api-readyz") in kinds[p]
         assert ("ServiceAccount", "dflash") in kinds[p]

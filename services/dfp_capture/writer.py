@@ -1,5 +1,6 @@
 """Captured exchanges leave the request path here: a bounded in-memory queue, drained by one background task
-that redacts, encodes and writes them as JSON Lines shards, and the retention sweep.
+that reads the kept replies into their exchanges, redacts, encodes and writes them as JSON Lines shards (in
+a worker thread), and the retention sweep.
 
 Shard layout under the capture prefix: ``completions/<YYYYMMDDTHH>/<worker>-<boot>-<seq>.jsonl``, one file a
 flush, in the UTC hour of the flush (``records_key`` of ``dfp_shared.completions`` with the shard name
@@ -22,12 +23,15 @@ from dfp_shared.completions import encode_records, records_key
 from dfp_shared.storage import ObjectStore
 
 from . import metrics
-from .assemble import Exchange, Unusable, completion_records
+from .assemble import EventReader, Exchange, Unusable, completion_records, settle
 
 log = logging.getLogger(__name__)
 HOUR_FORMAT = "%Y%m%dT%H"
 HOUR_RE = re.compile(r"^completions/(\d{8}T\d{2})/[^/]+\.jsonl$")
 REDACTED = "[REDACTED]"
+# Between two captures the writer's thread sleeps this long, so the relay (the event loop's thread) never
+# waits a switch interval (5 ms) for the interpreter while a shard is encoded.
+YIELD_S = 0.0002
 
 
 class Redactor:
@@ -55,13 +59,17 @@ class Redactor:
 
 @dataclass
 class Capture:
+    """An exchange to write; ``reply``: the reply's bytes still to be read into it (``events``: as a stream)."""
+
     exchange: Exchange
     captured_at: float
     incomplete: bool
+    reply: bytes | None = None
+    events: EventReader | None = None
 
     @property
     def size(self) -> int:
-        return self.exchange.size + 1024
+        return self.exchange.size + len(self.reply or b"") + 1024
 
 
 def hour_of(timestamp: float) -> str:
@@ -138,6 +146,10 @@ class CaptureWriter:
         meta = {"source": "capture", "captured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(capture.captured_at)),
                 "incomplete": capture.incomplete}
         try:
+            if capture.reply is not None:
+                settle(capture.exchange, capture.reply, capture.events, whole=not capture.incomplete)
+            if not capture.exchange.choices:
+                return []
             records = completion_records(capture.exchange, uuid.uuid4().hex, meta)
         except Unusable as exc:
             metrics.dropped(exc.reason)
@@ -154,6 +166,7 @@ class CaptureWriter:
     def write_shard(self, batch: list[Capture], key: str) -> int:
         lines, incomplete = [], 0
         for capture in batch:
+            time.sleep(YIELD_S)  # the event loop's thread takes the interpreter here if it waits for it
             encoded = self.encode(capture)
             lines.extend(encoded)
             incomplete += len(encoded) if capture.incomplete else 0

@@ -29,9 +29,6 @@ log = logging.getLogger(__name__)
 HOUR_FORMAT = "%Y%m%dT%H"
 HOUR_RE = re.compile(r"^completions/(\d{8}T\d{2})/[^/]+\.jsonl$")
 REDACTED = "[REDACTED]"
-# Between two captures the writer's thread sleeps this long, so the relay (the event loop's thread) never
-# waits a switch interval (5 ms) for the interpreter while a shard is encoded.
-YIELD_S = 0.0002
 
 
 class Redactor:
@@ -166,7 +163,6 @@ class CaptureWriter:
     def write_shard(self, batch: list[Capture], key: str) -> int:
         lines, incomplete = [], 0
         for capture in batch:
-            time.sleep(YIELD_S)  # the event loop's thread takes the interpreter here if it waits for it
             encoded = self.encode(capture)
             lines.extend(encoded)
             incomplete += len(encoded) if capture.incomplete else 0

@@ -1,8 +1,9 @@
 """What one captured exchange is: the request's prompt and sampling parameters, and the reply reassembled
 from a JSON body or from its server-sent events, choice by choice.
 
-Nothing here touches the network or storage: the proxy feeds the reply's bytes in as they pass through, and
-:func:`completion_records` turns a finished exchange into completion records (``dfp_shared.completions``).
+Nothing here touches the network or storage: the proxy keeps the reply's bytes as they pass through, the
+writer reads them into the exchange (:func:`settle`) and :func:`completion_records` turns the exchange into
+completion records (``dfp_shared.completions``).
 """
 
 from __future__ import annotations
@@ -153,6 +154,21 @@ def read_reply(exchange: Exchange, payload) -> None:
         exchange.add(choice.get("index", 0), content, reasoning, choice.get("finish_reason"))
 
 
+_DECODER = json.JSONDecoder()
+
+
+def _json(data: bytes):
+    """One event's data as JSON (what ``json.loads`` reads, less its per-call wrapping)."""
+    try:
+        text = data.decode().strip()
+        payload, end = _DECODER.scan_once(text, 0)
+    except (ValueError, StopIteration):
+        raise Unusable("malformed_reply", "an event whose data is not JSON") from None
+    if end != len(text):
+        raise Unusable("malformed_reply", "an event whose data is not JSON")
+    return payload
+
+
 class EventReader:
     """Server-sent events read as their bytes arrive: each complete event's ``data:`` lines joined, JSON read
     into the exchange; ``[DONE]`` ends the stream. Anything else is a malformed reply."""
@@ -163,28 +179,27 @@ class EventReader:
         self.done = False
 
     def feed(self, chunk: bytes) -> None:
-        self.buffer += chunk.replace(b"\r\n", b"\n")
+        events = (self.buffer + chunk).replace(b"\r\n", b"\n").split(b"\n\n")
+        self.buffer = events.pop()
         if len(self.buffer) > self.exchange.max_bytes:
             raise Unusable("too_large", "an event larger than a record")
-        while b"\n\n" in self.buffer:
-            event, self.buffer = self.buffer.split(b"\n\n", 1)
+        for event in events:
             self._event(event)
 
     def _event(self, event: bytes) -> None:
-        data = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
-        if not data:
-            return  # comments, keep-alives and other fields carry no data
-        text = b"\n".join(data)
+        if event.startswith(b"data: ") and b"\n" not in event:  # what the engines send: one data line
+            text = event[6:]
+        else:
+            data = [line[5:].removeprefix(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+            if not data:
+                return  # comments, keep-alives and other fields carry no data
+            text = b"\n".join(data)
         if self.done:
             raise Unusable("malformed_reply", "data after [DONE]")
-        if text.strip() == b"[DONE]":
+        if text == b"[DONE]" or text.strip() == b"[DONE]":
             self.done = True
             return
-        try:
-            payload = json.loads(text)
-        except ValueError:
-            raise Unusable("malformed_reply", "an event whose data is not JSON") from None
-        read_reply(self.exchange, payload)
+        read_reply(self.exchange, _json(text))
 
     def finish(self) -> None:
         """The upstream's stream ended: it must have ended with ``[DONE]`` and nothing after it."""
@@ -193,6 +208,21 @@ class EventReader:
             self.buffer = b""
         if not self.done:
             raise Unusable("malformed_reply", "a stream without [DONE]")
+
+
+def settle(exchange: Exchange, reply: bytes, events: EventReader | None, whole: bool) -> None:
+    """Read a reply's kept bytes into its exchange: a stream's events (``whole``: it must have ended with
+    ``[DONE]``), else one JSON body. Raises :class:`Unusable` for one that cannot be read."""
+    if events is None:
+        try:
+            payload = json.loads(reply)
+        except ValueError:
+            raise Unusable("malformed_reply", "a reply that is not JSON") from None
+        read_reply(exchange, payload)
+        return
+    events.feed(reply)
+    if whole:
+        events.finish()
 
 
 def completion_records(exchange: Exchange, record_id: str, meta: dict) -> list[dict]:

@@ -10,14 +10,11 @@ reading the reply is bounded and a reply that cannot be read is only not recorde
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 from contextlib import asynccontextmanager
 
-import anyio
-import httpx
 from dfp_shared.metrics import metrics_payload
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -25,13 +22,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import metrics
-from .assemble import CHAT, COMPLETIONS, EventReader, Exchange, Unusable, admit, read_reply
+from .assemble import CHAT, COMPLETIONS, EventReader, Exchange, Unusable, admit
 from .settings import CaptureSettings
+from .upstream import Reply, UpstreamClient, UpstreamError
 from .writer import Capture, CaptureWriter
 
 log = logging.getLogger(__name__)
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
               "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding"}
+HOP_BY_HOP_RAW = {name.encode("latin-1") for name in HOP_BY_HOP}
+COMPACT_BYTES = 2**20  # a stream's kept bytes past which they are read into its exchange on the way
 YES, NO = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
@@ -46,16 +46,17 @@ def wants_capture(settings: CaptureSettings, headers) -> bool:
     return settings.capture_sample_rate >= 1.0 or random.random() < settings.capture_sample_rate
 
 
-def forward_headers(settings: CaptureSettings, headers) -> dict:
-    skip = HOP_BY_HOP | {settings.capture_header.lower()}
-    out = {k: v for k, v in headers.items() if k.lower() not in skip}
-    out["accept-encoding"] = "identity"  # the bytes read for capture are the bytes the client gets
+def forward_headers(settings: CaptureSettings, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The client's headers (raw pairs) to send on, less the hop-by-hop ones and the capture header."""
+    skip = HOP_BY_HOP_RAW | {settings.capture_header.lower().encode("latin-1")}
+    out = [(k, v) for k, v in headers if k.lower() not in skip]
+    out.append((b"accept-encoding", b"identity"))  # the bytes kept for capture are the bytes the client gets
     return out
 
 
-def reply_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
-    skip = HOP_BY_HOP - {"content-length"}
-    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.multi_items() if k.lower() not in skip]
+def reply_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    skip = HOP_BY_HOP_RAW - {b"content-length"}
+    return [(k, v) for k, v in headers if k.lower() not in skip]
 
 
 async def read_body(request: Request, limit: int) -> bytes | None:
@@ -70,108 +71,107 @@ async def read_body(request: Request, limit: int) -> bytes | None:
 
 
 class Recorder:
-    """Reads a reply's bytes into an exchange; at the first thing it cannot read it stops (counted)."""
+    """Keeps a reply's bytes for the writer, which reads them into the exchange off the request path. Bounded:
+    a whole body past the record's bound is not recorded; a stream's kept bytes past ``COMPACT_BYTES`` are read
+    into its exchange on the way (so a long stream keeps only its content)."""
 
     def __init__(self, exchange: Exchange | None, event_stream: bool):
         self.exchange = exchange
         self.events = EventReader(exchange) if exchange and event_stream else None
-        self.body: list[bytes] = []
-        self.size = 0
+        self.parts: list[bytes] = []
+        self.limit = 0
+        if exchange is not None:
+            self.limit = min(COMPACT_BYTES, exchange.max_bytes) if self.events else exchange.max_bytes
 
-    def feed(self, chunk: bytes) -> None:
-        if self.exchange is None:
-            return
+    def overflow(self, size: int) -> int:
+        """The kept bytes passed the limit: returns how many are still kept."""
         try:
-            if self.events:
-                self.events.feed(chunk)
-            else:
-                self.size += len(chunk)
-                if self.size > self.exchange.max_bytes:
-                    raise Unusable("too_large", "a reply larger than a record")
-                self.body.append(chunk)
+            if self.events is None:
+                raise Unusable("too_large", "a reply larger than a record")
+            self.events.feed(b"".join(self.parts))
+            self.parts.clear()
+            return 0
         except Unusable as exc:
             self.stop(exc.reason)
+            return size
 
     def stop(self, reason: str) -> None:
         metrics.dropped(reason)
         self.exchange = None
+        self.parts.clear()
 
-    def finish(self) -> Exchange | None:
-        """The exchange of a reply read to its end, or None when it is not to be recorded."""
-        if self.exchange is None:
+    def capture(self, sent: bool) -> Capture | None:
+        """What goes to the writer once the reply ended (``sent``) or the client left, if anything: a client
+        that left a stream leaves what arrived, marked incomplete; a whole body it left is not recorded."""
+        if self.exchange is None or not (sent or self.events):
             return None
-        try:
-            if self.events:
-                self.events.finish()
-            else:
-                read_reply(self.exchange, json.loads(b"".join(self.body)))
-        except (Unusable, ValueError) as exc:
-            self.stop(getattr(exc, "reason", "malformed_reply"))
-        return self.exchange
+        return Capture(self.exchange, time.time(), incomplete=not sent, reply=b"".join(self.parts), events=self.events)
 
 
-class UpstreamBroke(Exception):
-    """The upstream's reply ended in a transport error after it had begun."""
+class ClientGone(Exception):
+    """The client disconnected before the reply's end."""
 
 
-async def relay(upstream: httpx.Response, recorder: Recorder, receive, send) -> bool:
-    """Send the upstream's reply to the client as it arrives, watching for the client leaving; returns whether
-    the whole reply was sent."""
-    state = {"sent": False}
-    async with anyio.create_task_group() as group:
-        async def watch():
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            group.cancel_scope.cancel()
-
-        async def pump():
-            await send({"type": "http.response.start", "status": upstream.status_code,
-                        "headers": reply_headers(upstream.headers)})
-            try:
-                async for chunk in upstream.aiter_raw():
-                    metrics.BYTES.labels(direction="proxied").inc(len(chunk))
-                    recorder.feed(chunk)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx.HTTPError as exc:  # the upstream broke off: the client's connection is cut, as it was
-                recorder.stop("malformed_reply")
-                raise UpstreamBroke(f"{type(exc).__name__}: {exc}") from exc
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            state["sent"] = True
-            group.cancel_scope.cancel()
-
-        group.start_soon(watch)
-        group.start_soon(pump)
-    return state["sent"]
+async def pump(reply: Reply, recorder: Recorder, send) -> int:
+    """Send the reply's body to the client as it arrives (keeping it for the recorder); returns its size."""
+    total = kept = 0
+    keep = recorder.parts.append if recorder.exchange is not None else None
+    limit = recorder.limit
+    async for chunk in reply.body():
+        size = len(chunk)
+        total += size
+        if keep is not None:
+            keep(chunk)
+            kept += size
+            if kept > limit:
+                kept = recorder.overflow(kept)
+                if recorder.exchange is None:
+                    keep = None
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    return total
 
 
 class Relayed(Response):
     """The upstream's reply, relayed; once it ends (or the client leaves) the exchange goes to the writer."""
 
-    def __init__(self, upstream: httpx.Response, recorder: Recorder, writer: CaptureWriter, route: str):
-        self.upstream, self.recorder, self.writer, self.route = upstream, recorder, writer, route
+    def __init__(self, client: UpstreamClient, reply: Reply, recorder: Recorder, writer: CaptureWriter, route: str):
+        self.client, self.reply, self.recorder, self.writer, self.route = client, reply, recorder, writer, route
         self.background = None
 
-    async def __call__(self, scope, receive, send) -> None:
-        outcome = "upstream_broke"
-        try:
-            outcome = "sent" if await relay(self.upstream, self.recorder, receive, send) else "client_gone"
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.upstream.aclose()
-            metrics.REQUESTS.labels(route=self.route, outcome=outcome).inc()
-            if outcome != "upstream_broke":
-                self._hand_over(outcome == "sent")
+    async def _watch(self, receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.reply.abort(ClientGone())
 
-    def _hand_over(self, sent: bool) -> None:
-        recorder = self.recorder
-        if recorder.exchange is None:
-            return
-        if sent:
-            exchange = recorder.finish()
-        else:  # the client left: a stream keeps what arrived, marked incomplete; a whole body is not recorded
-            exchange = recorder.exchange if recorder.events else None
-        if exchange is not None and exchange.choices:
-            self.writer.submit(Capture(exchange, time.time(), incomplete=not sent))
+    async def __call__(self, scope, receive, send) -> None:
+        reply, outcome, size = self.reply, "upstream_broke", 0
+        watcher = asyncio.ensure_future(self._watch(receive))
+        try:
+            await send({"type": "http.response.start", "status": reply.status, "headers": reply_headers(reply.headers)})
+            size = await pump(reply, self.recorder, send)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            outcome = "sent"
+        except ClientGone:
+            outcome = "client_gone"
+        except UpstreamError as exc:  # the upstream broke off: the client's connection is cut, as it was
+            if isinstance(reply.error, ClientGone):
+                outcome = "client_gone"
+            else:
+                self.recorder.stop("malformed_reply")
+                raise UpstreamBroke(str(exc)) from exc
+        finally:
+            watcher.cancel()
+            self.client.release(reply)
+            metrics.REQUESTS.labels(route=self.route, outcome=outcome).inc()
+            metrics.BYTES.labels(direction="proxied").inc(size)
+            if outcome != "upstream_broke":
+                capture = self.recorder.capture(outcome == "sent")
+                if capture is not None:
+                    self.writer.submit(capture)
+
+
+class UpstreamBroke(Exception):
+    """The upstream's reply ended in a transport error after it had begun."""
 
 
 async def forward(request: Request, route: str, kind: str | None = None) -> Response:
@@ -188,20 +188,26 @@ async def forward(request: Request, route: str, kind: str | None = None) -> Resp
                              settings.capture_max_record_bytes)
         except Unusable as exc:
             metrics.dropped(exc.reason)
-    url = settings.capture_upstream + request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    upstream_request = state.client.build_request(request.method, url, headers=forward_headers(settings, request.headers),
-                                                  content=body if request.method == "POST" else None)
+    scope = request.scope
+    target = scope.get("raw_path") or scope["path"].encode("latin-1")
+    if scope["query_string"]:
+        target += b"?" + scope["query_string"]
+    client: UpstreamClient = state.client
     try:
-        upstream = await state.client.send(upstream_request, stream=True)
-    except httpx.HTTPError as exc:
+        reply = await client.request(request.method, target, forward_headers(settings, scope["headers"]),
+                                     body if request.method == "POST" else None)
+    except UpstreamError as exc:
         metrics.REQUESTS.labels(route=route, outcome="upstream_error").inc()
-        log.warning("upstream unreachable", extra={"error": f"{type(exc).__name__}: {exc}"})
+        log.warning("upstream unreachable", extra={"error": str(exc)})
         return JSONResponse({"error": {"message": "upstream unreachable", "type": "upstream_error"}}, 502)
-    if exchange is not None and upstream.status_code != 200:
+    if exchange is not None and reply.status != 200:
         metrics.dropped("upstream_status")
         exchange = None
-    event_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
-    return Relayed(upstream, Recorder(exchange, event_stream), state.writer, route)
+    event_stream = False
+    if exchange is not None:
+        content_type = next((v for k, v in reply.headers if k.lower() == b"content-type"), b"")
+        event_stream = content_type.lower().startswith(b"text/event-stream")
+    return Relayed(client, reply, Recorder(exchange, event_stream), state.writer, route)
 
 
 async def chat(request: Request) -> Response:
@@ -226,11 +232,11 @@ async def readyz(request: Request) -> Response:
     if not state.writer.running:
         return JSONResponse({"status": "writer stopped"}, 503)
     try:
-        reply = await state.client.get(state.settings.capture_upstream + "/health", timeout=2.0)
-    except httpx.HTTPError:
+        status, _ = await state.client.fetch("GET", b"/health", [], timeout=2.0)
+    except UpstreamError:
         return JSONResponse({"status": "upstream unreachable"}, 503)
-    if reply.status_code >= 500:
-        return JSONResponse({"status": f"upstream answers {reply.status_code}"}, 503)
+    if status >= 500:
+        return JSONResponse({"status": f"upstream answers {status}"}, 503)
     return JSONResponse({"status": "ok"})
 
 
@@ -244,16 +250,16 @@ def create_app(settings: CaptureSettings, writer: CaptureWriter) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app):
-        limits = httpx.Limits(max_connections=settings.capture_max_connections,
-                              max_keepalive_connections=min(settings.capture_max_connections, 64))
-        timeout = httpx.Timeout(settings.capture_read_timeout_s, connect=settings.capture_connect_timeout_s)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-            app.state.client = client
-            writer.start()
-            try:
-                yield
-            finally:
-                await asyncio.shield(writer.stop())
+        client = UpstreamClient(settings.capture_upstream, max_connections=settings.capture_max_connections,
+                                connect_timeout=settings.capture_connect_timeout_s,
+                                read_timeout=settings.capture_read_timeout_s)
+        app.state.client = client
+        writer.start()
+        try:
+            yield
+        finally:
+            await asyncio.shield(writer.stop())
+            client.close()
 
     routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"]),

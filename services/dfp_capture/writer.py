@@ -1,5 +1,6 @@
 """Captured exchanges leave the request path here: a bounded in-memory queue, drained by one background task
-that redacts, encodes and writes them as JSON Lines shards, and the retention sweep.
+that reads the kept replies into their exchanges, redacts, encodes and writes them as JSON Lines shards (in
+a worker thread), and the retention sweep.
 
 Shard layout under the capture prefix: ``completions/<YYYYMMDDTHH>/<worker>-<boot>-<seq>.jsonl``, one file a
 flush, in the UTC hour of the flush (``records_key`` of ``dfp_shared.completions`` with the shard name
@@ -24,7 +25,7 @@ from dfp_shared.completions import encode_records, records_key
 from dfp_shared.storage import ObjectStore
 
 from . import metrics
-from .assemble import Exchange, Unusable, completion_records
+from .assemble import EventReader, Exchange, Unusable, completion_records, settle
 
 log = logging.getLogger(__name__)
 REDACTED = "[REDACTED]"
@@ -55,13 +56,17 @@ class Redactor:
 
 @dataclass
 class Capture:
+    """An exchange to write; ``reply``: the reply's bytes still to be read into it (``events``: as a stream)."""
+
     exchange: Exchange
     captured_at: float
     incomplete: bool
+    reply: bytes | None = None
+    events: EventReader | None = None
 
     @property
     def size(self) -> int:
-        return self.exchange.size + 1024
+        return self.exchange.size + len(self.reply or b"") + 1024
 
 
 def hour_of(timestamp: float) -> str:
@@ -138,6 +143,10 @@ class CaptureWriter:
         meta = {"source": "capture", "captured_at": time.strftime(CAPTURED_AT_FORMAT, time.gmtime(capture.captured_at)),
                 "incomplete": capture.incomplete}
         try:
+            if capture.reply is not None:
+                settle(capture.exchange, capture.reply, capture.events, whole=not capture.incomplete)
+            if not capture.exchange.choices:
+                return []
             records = completion_records(capture.exchange, uuid.uuid4().hex, meta)
         except Unusable as exc:
             metrics.dropped(exc.reason)

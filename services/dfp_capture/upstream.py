@@ -1,0 +1,284 @@
+"""A small HTTP/1.1 client for the one upstream: a pool of keep-alive connections, replies parsed by
+``httptools`` (uvicorn's parser) and their body handed on as the bytes arrive.
+
+The relay's cost is per chunk of every stream, so this client does as little as it can per chunk: the
+socket's bytes go through the C parser straight into the reply's buffer, with no per-read task, timeout
+context or pool scan. A reply's body is the upstream's bytes, de-chunked and never decoded (the request
+asks for ``Accept-Encoding: identity``). A reused keep-alive connection that the upstream had already
+closed is retried once on a fresh one, before any byte of a reply arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from urllib.parse import urlsplit
+
+import httptools
+
+PAUSE_BYTES = 256 * 1024  # a reply's unread bytes past which the upstream connection stops being read
+
+
+class UpstreamError(Exception):
+    """The upstream could not be reached, went silent past the read timeout, or broke off its reply."""
+
+
+class Reply:
+    """One reply as it arrives: ``status`` and ``headers`` (raw byte pairs) once ``head`` is done, then
+    :meth:`body` yields the body's bytes as they come."""
+
+    def __init__(self, conn: Connection, read_timeout: float):
+        self.conn, self.read_timeout = conn, read_timeout
+        self.loop = conn.loop
+        self.parser = httptools.HttpResponseParser(self)
+        self.head = self.loop.create_future()
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.pending: deque[bytes] = deque()
+        self.buffered = 0
+        self.waiter: asyncio.Future | None = None
+        self.received = False
+        self.done = False
+        self.until_close = False
+        self.keep_alive = False
+        self.error: Exception | None = None
+        self.seen = self.loop.time()
+        self.timer = self.loop.call_later(read_timeout, self._check_silence)
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        names = {name.lower() for name, _ in self.headers}
+        self.until_close = b"content-length" not in names and b"transfer-encoding" not in names
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.pending.append(body)
+        self.buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+        self.keep_alive = self.parser.should_keep_alive()  # read here: the parser forgets it afterwards
+        self.timer.cancel()
+
+    # fed by the connection
+    def feed(self, data: bytes) -> None:
+        self.received = True
+        self.seen = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail(UpstreamError(f"unreadable reply: {exc}"))
+            self.conn.close()
+            return
+        if self.buffered > PAUSE_BYTES:
+            self.conn.pause()
+        self._wake()
+
+    def lost(self, exc: Exception | None) -> None:
+        if self.done:
+            return
+        if self.until_close and self.head.done() and exc is None:  # a body delimited by the connection's end
+            self.done = True
+            self.timer.cancel()
+            self._wake()
+            return
+        self.fail(UpstreamError(f"the upstream closed the connection{f': {exc}' if exc else ''}"))
+
+    def fail(self, error: Exception) -> None:
+        if self.done or self.error is not None:
+            return
+        self.error = error
+        self.timer.cancel()
+        if not self.head.done():
+            self.head.set_exception(error)
+            self.head.exception()  # retrieved here: a head nobody awaits any more is not an error to log
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _check_silence(self) -> None:
+        silent = self.loop.time() - self.seen
+        if silent < self.read_timeout:
+            self.timer = self.loop.call_later(self.read_timeout - silent, self._check_silence)
+            return
+        self.fail(UpstreamError(f"the upstream was silent for {self.read_timeout:g} s"))
+        self.conn.close()
+
+    async def body(self):
+        """The body's bytes as they arrive (what one read brought, joined); raises :class:`UpstreamError`
+        when the reply breaks off."""
+        pending = self.pending
+        while True:
+            if pending:
+                data = pending.popleft() if len(pending) == 1 else b"".join(pending)
+                pending.clear()
+                self.buffered = 0
+                self.conn.resume()
+                yield data
+            elif self.done:
+                return
+            elif self.error is not None:
+                raise self.error
+            else:
+                self.waiter = self.loop.create_future()
+                await self.waiter
+                self.waiter = None
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.body()])
+
+    def abort(self, error: Exception) -> None:
+        """Stop the reply (its connection is closed, not reused)."""
+        self.fail(error)
+        self.conn.close()
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.reply: Reply | None = None
+        self.closed = False
+        self.paused = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.reply is None:  # bytes nobody asked for: the connection cannot be trusted any more
+            self.close()
+            return
+        self.reply.feed(data)
+
+    def eof_received(self):
+        return False
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        if self.reply is not None:
+            self.reply.lost(exc)
+
+    def pause(self) -> None:
+        if not self.paused and not self.closed:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.abort()
+
+
+class UpstreamClient:
+    """Requests to one base URL (``http://`` or ``https://``, with an optional path prefix), at most
+    ``max_connections`` at once, idle connections kept for reuse."""
+
+    def __init__(self, base_url: str, *, max_connections: int, connect_timeout: float, read_timeout: float):
+        url = urlsplit(base_url)
+        self.tls = url.scheme == "https"
+        self.host = url.hostname or "127.0.0.1"
+        self.port = url.port or (443 if self.tls else 80)
+        self.prefix = url.path.rstrip("/")
+        default_port = (443 if self.tls else 80)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = (host if self.port == default_port else f"{host}:{self.port}").encode("latin-1")
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self.ssl = ssl.create_default_context() if self.tls else None
+        self.slots = asyncio.Semaphore(max_connections)
+        self.idle: deque[Connection] = deque()
+
+    async def _connect(self) -> Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(
+                lambda: Connection(loop), self.host, self.port, ssl=self.ssl,
+                server_hostname=self.host if self.tls else None), self.connect_timeout)
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            raise UpstreamError(f"cannot connect to {self.host}:{self.port}: {type(exc).__name__}: {exc}") from None
+        return conn
+
+    def _head(self, method: str, target: bytes, headers, body: bytes | None) -> bytes:
+        lines = [method.encode("ascii"), b" ", self.prefix.encode("latin-1"), target, b" HTTP/1.1\r\nhost: ",
+                 self.host_header, b"\r\n"]
+        for name, value in headers:
+            lines += [name, b": ", value, b"\r\n"]
+        if body is not None:
+            lines += [b"content-length: ", str(len(body)).encode("ascii"), b"\r\n"]
+        lines.append(b"\r\n")
+        if body:
+            lines.append(body)
+        return b"".join(lines)
+
+    async def request(self, method: str, target: bytes, headers, body: bytes | None = None) -> Reply:
+        """Send a request (``headers``: byte pairs, without host and content-length) and wait for the reply's
+        head; :meth:`release` the reply once done with it."""
+        await self.slots.acquire()
+        conn = None
+        try:
+            data = self._head(method, target, headers, body)
+            for _ in range(2):
+                conn, reused = None, False
+                while self.idle and conn is None:
+                    candidate = self.idle.pop()
+                    conn, reused = (None, False) if candidate.closed else (candidate, True)
+                conn = conn or await self._connect()
+                reply = conn.reply = Reply(conn, self.read_timeout)
+                conn.transport.write(data)
+                try:
+                    await reply.head
+                    return reply
+                except UpstreamError:
+                    if not (reused and not reply.received):
+                        raise
+                    conn.close()
+            raise UpstreamError("the upstream closed every connection offered")
+        except BaseException:
+            if conn is not None:
+                if conn.reply is not None:
+                    conn.reply.timer.cancel()
+                conn.close()
+            self.slots.release()
+            raise
+
+    def release(self, reply: Reply) -> None:
+        """The reply is done with: its connection goes back to the pool when it can carry another request."""
+        conn = reply.conn
+        reply.timer.cancel()
+        conn.reply = None
+        if reply.done and reply.keep_alive and not reply.until_close and not conn.closed:
+            conn.resume()
+            self.idle.append(conn)
+        else:
+            conn.close()
+        self.slots.release()
+
+    async def fetch(self, method: str, target: bytes, headers, timeout: float) -> tuple[int, bytes]:
+        """A whole short reply (status, body) within ``timeout`` seconds."""
+        async def whole():
+            reply = await self.request(method, target, headers)
+            try:
+                return reply.status, await reply.read()
+            finally:
+                self.release(reply)
+        try:
+            return await asyncio.wait_for(whole(), timeout)
+        except asyncio.TimeoutError:
+            raise UpstreamError(f"no reply within {timeout:g} s") from None
+
+    def close(self) -> None:
+        while self.idle:
+            self.idle.pop().close()

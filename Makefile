@@ -78,7 +78,7 @@ GPU_CHECK_DEVICES ?= --device nvidia.com/gpu=all
 gpu-check-image:
 	mkdir -p gpu-check-out
 	podman --runtime runc run --rm --pull never $(GPU_CHECK_DEVICES) --user 10001:10001 --read-only \
-	  --tmpfs /tmp:rw,exec,mode=1777 --tmpfs /cache:rw,exec,mode=1777 --shm-size 16g \
+	  --tmpfs /tmp:rw,exec,mode=1777 --tmpfs /cache:rw,exec,U --shm-size 16g \
 	  --ulimit nofile=20000 --ulimit nproc=32768 --cap-drop all --security-opt no-new-privileges \
 	  --volume $(CURDIR)/tests/benchmarks:/checks/benchmarks:ro --volume $(CURDIR)/gpu-check-out:/out:U \
 	  --entrypoint python $(GPU_CHECK_IMAGE) /checks/benchmarks/gpu_check.py --out /out/gpu-check.json $(GPU_CHECK_ARGS)

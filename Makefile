@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint install protos bench gpu-check serve-check images images-cuda images-check images-check-cuda clean
+.PHONY: demo test lint install protos bench gpu-check gpu-check-image serve-check images images-cuda images-check images-check-cuda clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,5 +69,19 @@ images-check: images $(STAMP)
 images-check-cuda: images-cuda $(STAMP)
 	DFLASH_TEST_IMAGE=$(IMAGE_REPO)/dflash-pipeline-cuda:$(IMAGE_TAG) $(BIN)/python -m pytest -q -p no:xdist tests/images
 
+# the GPU check run from the CUDA image as the chart runs it (user 10001, read-only root, /tmp and /cache
+# writable), the repository's tests/benchmarks mounted read-only, the figures written to gpu-check-out/;
+# without a GPU: make gpu-check-image GPU_CHECK_DEVICES= GPU_CHECK_ARGS="--device cpu" (the CPU rehearsal)
+GPU_CHECK_IMAGE   ?= $(IMAGE_REPO)/dflash-pipeline-cuda:$(IMAGE_TAG)
+GPU_CHECK_DEVICES ?= --device nvidia.com/gpu=all
+
+gpu-check-image:
+	mkdir -p gpu-check-out
+	podman --runtime runc run --rm --pull never $(GPU_CHECK_DEVICES) --user 10001:10001 --read-only \
+	  --tmpfs /tmp:rw,exec,mode=1777 --tmpfs /cache:rw,exec,U --shm-size 16g \
+	  --ulimit nofile=20000 --ulimit nproc=32768 --cap-drop all --security-opt no-new-privileges \
+	  --volume $(CURDIR)/tests/benchmarks:/checks/benchmarks:ro --volume $(CURDIR)/gpu-check-out:/out:U \
+	  --entrypoint python $(GPU_CHECK_IMAGE) /checks/benchmarks/gpu_check.py --out /out/gpu-check.json $(GPU_CHECK_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache dflash-data demo-output
+	rm -rf $(VENV) .pytest_cache .ruff_cache dflash-data demo-output gpu-check-out

@@ -211,3 +211,26 @@ def test_chart_uses_the_image_flavours():
         image = tmpl["containers"][0]["image"]
         assert image.split(":")[0].endswith("-cuda" if component in ("generation", "target", "trainer") else "-cpu")
         assert str(tmpl["securityContext"]["runAsUser"]) == uid
+
+
+def test_the_readme_runs_the_gpu_check_from_the_cuda_image_as_the_chart_runs_it():
+    """The README's GPU-check pod is a valid Pod (strict schema) that asks for a GPU and runs the mounted
+    check from the CUDA image as the chart runs its containers; its podman line is the Makefile's."""
+    import kubernetes_validate
+
+    from tests.helm.test_render import KUBE_VERSION
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    spec = json.loads(re.search(r"--overrides='(\{.*?\})'\n", readme, re.S).group(1))["spec"]
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu-check"}, "spec": spec},
+                                 KUBE_VERSION, strict=True)
+    (c,) = spec["containers"]
+    image = f"{_podman_build_default('IMAGE_REPO')}/dflash-pipeline-cuda:"
+    assert c["image"].startswith(image) and c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert spec["securityContext"]["runAsUser"] == 10001 and c["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/checks/benchmarks"].get("readOnly") is True and {"/tmp", "/cache", "/dev/shm"} <= set(mounts)
+    assert c["command"][:2] == ["python", "/checks/benchmarks/gpu_check.py"]
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert "tests/benchmarks:/checks/benchmarks:ro" in makefile and "/checks/benchmarks/gpu_check.py" in makefile
+    assert "--user 10001:10001 --read-only" in makefile and "--device nvidia.com/gpu=all" in makefile

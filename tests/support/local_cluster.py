@@ -61,7 +61,7 @@ class Containers:
     names: list[str] = field(default_factory=list)  # every container started, removed by :meth:`remove_all`
 
     def argv(self, name: str, pod_spec: dict, container: dict, env: dict[str, str], mounts: dict[str, Path],
-             args: list[str]) -> list[str]:
+             args: list[str], read_only: frozenset[str] = frozenset()) -> list[str]:
         pod_sc, sc = pod_spec.get("securityContext") or {}, container.get("securityContext") or {}
         user, group = sc.get("runAsUser", pod_sc.get("runAsUser")), sc.get("runAsGroup", pod_sc.get("runAsGroup"))
         argv = [self.podman, "--runtime", self.runtime, "run", "--rm", "--replace", "--name", name,
@@ -77,7 +77,7 @@ class Containers:
             argv += ["--cap-drop", cap.lower()]
         if sc.get("allowPrivilegeEscalation") is False:
             argv += ["--security-opt", "no-new-privileges"]
-        read_only = {m["mountPath"].rstrip("/") for m in container.get("volumeMounts", []) if m.get("readOnly")}
+        read_only = read_only | {m["mountPath"].rstrip("/") for m in container.get("volumeMounts", []) if m.get("readOnly")}
         for path, local in mounts.items():
             argv += ["--volume", f"{local}:{path}:{'ro' if path in read_only else 'rw'}"]
         for key, value in env.items():
@@ -245,18 +245,22 @@ class LocalCluster:
         return pod
 
     def _command(self, name: str, pod_name: str, pod_spec: dict, c: dict, pod_dir: Path, index: int,
-                 port_map: dict[int, int], extra_env: dict, drop_env: tuple[str, ...] = ()) -> tuple[list[str], dict]:
-        """The argv and environment that run container ``c`` of a pod (a process, or podman running its image)."""
+                 port_map: dict[int, int], extra_env: dict, drop_env: tuple[str, ...] = (),
+                 host_folders: dict[str, Path] | None = None) -> tuple[list[str], dict]:
+        """The argv and environment that run container ``c`` of a pod (a process, or podman running its image);
+        ``host_folders`` (mount path -> folder here) are mounted read-only besides the pod's volumes."""
         rendered = {k: v for k, v in self._env(c, pod_name, index).items() if k not in drop_env}
+        host_folders = host_folders or {}
         if self.containers and c["image"] in self.containers.images:
             sc = pod_spec.get("securityContext") or {}
             owner = (sc.get("runAsUser", 0), sc.get("fsGroup", sc.get("runAsGroup", 0)))
-            mounts = self._mounts(pod_spec, c, pod_dir / c["name"], owner)
+            mounts = {**self._mounts(pod_spec, c, pod_dir / c["name"], owner), **host_folders}
             # paths stay as the chart wrote them (the volumes are mounted there); hosts and ports are local
             env = {k: self._localise(v, {}, port_map) for k, v in rendered.items()}
             args = [self._localise(str(a), {}, port_map) for a in c.get("args", [])]
-            return self.containers.argv(name, pod_spec, c, {**env, **extra_env}, mounts, args), dict(os.environ)
-        mounts = self._mounts(pod_spec, c, pod_dir / c["name"])
+            return self.containers.argv(name, pod_spec, c, {**env, **extra_env}, mounts, args,
+                                        read_only=frozenset(host_folders)), dict(os.environ)
+        mounts = {**self._mounts(pod_spec, c, pod_dir / c["name"]), **host_folders}
         env = {k: self._localise(v, mounts, port_map) for k, v in rendered.items()}
         argv = [self._localise(str(a), mounts, port_map) for a in [*c.get("command", []), *c.get("args", [])]]
         if argv[:1] == ["dflash-pipeline"]:
@@ -268,18 +272,29 @@ class LocalCluster:
         return argv, {**{k: v for k, v in self.base_env.items() if k not in drop_env}, **env, **extra_env}
 
     def run_once(self, workload: str, container: str | None = None, extra_env: dict | None = None,
-                 drop_env: tuple[str, ...] = (), timeout: float = 120) -> subprocess.CompletedProcess:
+                 drop_env: tuple[str, ...] = (), timeout: float = 120, command: list[str] | None = None,
+                 host_folders: dict[str, Path] | None = None) -> subprocess.CompletedProcess:
         """Run one container of the workload to its exit (own ports and volumes, nothing started
-        kept), with ``extra_env`` over and ``drop_env`` taken out of its rendered environment."""
+        kept), with ``extra_env`` over and ``drop_env`` taken out of its rendered environment; ``command``
+        replaces its command and args (``kubectl run --command``), ``host_folders`` (mount path -> folder
+        here) are mounted read-only. Its volumes stay on disk: :meth:`once_volume`."""
         pod_spec = self.workloads[workload]["spec"]["template"]["spec"]
         c = next(c for c in pod_spec["containers"] if container is None or c["name"] == container)
+        if command:
+            c = {**c, "command": command[:1], "args": command[1:]}
         port_map = {p["containerPort"]: free_port() for c2 in pod_spec["containers"] for p in c2.get("ports", [])}
         name = f"{workload}-once-{c['name']}"
         pod_dir = self.workdir / "pods" / f"{workload}-once"
         argv, env = self._command(name, f"{workload}-once", pod_spec, c, pod_dir, 0, port_map, extra_env or {},
-                                  drop_env)
+                                  drop_env, host_folders)
         pod_dir.mkdir(parents=True, exist_ok=True)
         return subprocess.run(argv, env=env, cwd=pod_dir, capture_output=True, text=True, timeout=timeout)
+
+    def once_volume(self, workload: str, volume: str, container: str | None = None) -> Path:
+        """The folder here that held volume ``volume`` of the workload's :meth:`run_once` container."""
+        pod_spec = self.workloads[workload]["spec"]["template"]["spec"]
+        c = next(c for c in pod_spec["containers"] if container is None or c["name"] == container)
+        return self.workdir / "pods" / f"{workload}-once" / c["name"] / volume
 
     def process(self, workload: str, index: int = 0, container: str | None = None):
         pod = self.pods[workload][index]

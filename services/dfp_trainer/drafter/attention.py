@@ -138,15 +138,18 @@ def batch_decode_masks(anchors: torch.Tensor, context_positions: torch.Tensor, b
 _compiled_flex = None
 
 
-def _flex_attention(q, k, v, block_mask):
+def flex_attend(q, k, v, block_mask, compiled: bool | None = None):
+    """Flex attention over a ``BlockMask``: compiled (Inductor: Triton kernels on CUDA, C++ on the CPU)
+    by default on CUDA, eager elsewhere (the reference tests check against SDPA); ``compiled`` forces
+    either, so the compiled path can be checked where no GPU is."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
-    if q.device.type == "cuda":
+    if compiled if compiled is not None else q.device.type == "cuda":
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention)
         fn = _compiled_flex
-    else:  # eager reference implementation (used by tests to check it against SDPA)
+    else:
         fn = flex_attention
     return fn(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
@@ -164,5 +167,5 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: AttentionMa
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
     if masks.backend == "flex":
-        return _flex_attention(q, k, v, mask)
+        return flex_attend(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)

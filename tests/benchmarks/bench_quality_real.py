@@ -73,6 +73,10 @@ LEVERS = {
     "labels=target_argmax": {"labels": "target_argmax"},
     "distill=0.5": {"distill_weight": 0.5},
     "muon+labels=target_argmax": {"optimizer": "muon", "labels": "target_argmax"},
+    # a start whose first logits are not a near one-hot on the block's own input token
+    "init=unit_logits": {"init": "unit_logits"},
+    "muon+init=unit_logits": {"optimizer": "muon", "init": "unit_logits"},
+    "muon+init=unit_logits+labels=target_argmax": {"optimizer": "muon", "init": "unit_logits", "labels": "target_argmax"},
     **bench_quality.FAMILY_LEVERS,
 }
 

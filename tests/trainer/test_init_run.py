@@ -58,3 +58,26 @@ def test_a_run_from_the_targets_layers_trains_and_exports(family, tmp_path, tiny
     parts = load_target_parts(tiny_qwen3_dir)
     loaded = load_exported(tmp_path / "out" / "drafter", parts.embed_tokens, parts.lm_head)
     assert loaded.config.family == family and loaded.config.num_hidden_layers == 2
+
+
+def test_unit_logits_scales_only_the_final_norm(tmp_path, tiny_qwen3_dir, tiny_dataset):
+    spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out", num_draft_layers=2, init="unit_logits")
+    scaled = prepare(run_config(spec), DistInfo()).initial_state
+    random = prepare(run_config({**spec, "init": "random"}), DistInfo()).initial_state
+    head = load_target_parts(tiny_qwen3_dir).lm_head.weight.float()
+    expected = 1.0 / head.pow(2).sum(dim=1).mean().sqrt()
+    assert torch.allclose(scaled["norm.weight"], torch.full_like(scaled["norm.weight"], float(expected)))
+    assert torch.equal(random["norm.weight"], torch.ones_like(random["norm.weight"]))
+    assert scaled.keys() == random.keys()
+    assert all(torch.equal(scaled[k], random[k]) for k in scaled if k != "norm.weight")
+    # a unit-RMS state through the scaled norm and the head: logits of unit standard deviation on average
+    state = torch.randn(256, head.shape[1])
+    logits = (state / state.pow(2).mean(-1, keepdim=True).sqrt() * scaled["norm.weight"]) @ head.T
+    assert 0.8 < float(logits.std(dim=1).pow(2).mean().sqrt()) < 1.2
+
+
+def test_unit_logits_is_a_start_of_its_own(tiny_qwen3_dir, tiny_dataset, tmp_path):
+    spec = tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out", init="unit_logits",
+                     init_from=f"file://{tmp_path}/other")
+    with pytest.raises(ValueError, match="init_from and init 'unit_logits'"):
+        TrainSpec.model_validate(spec)

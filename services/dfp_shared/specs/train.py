@@ -109,8 +109,11 @@ class TrainSpec(BaseModel):
                                  "`dflash2` only.")
     selector_top_k: int = _within(8, 1, MAX_SELECTOR_TOP_K, "Candidates per drafted position among which the DFlash2 "
                                   "selector chooses ({}); `dflash2` only.")
-    init: Literal["random", "target_layers"] = Field(
-        "random", description="How the draft layers start: `random` (normal, std 0.02), or `target_layers`: copied from "
+    init: Literal["random", "unit_logits", "target_layers"] = Field(
+        "random", description="How the draft layers start: `random` (normal, std 0.02); `unit_logits`: random, with the "
+                              "final norm's weights scaled so the drafting LM head's first logits have unit standard "
+                              "deviation (a random start's logits otherwise have the spread of the head's row norms, "
+                              "and the loss starts far above log(vocabulary)); or `target_layers`: copied from "
                               "the target's last num_draft_layers decoder layers, the final norm from the target's, "
                               "`fc` the identity on the deepest target layer's features (Qwen3, Llama and Mistral "
                               "targets).")

@@ -51,7 +51,7 @@ QK_NORMS = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")  # Qwen3's; a 
 # targets whose decoder layers are these tensors with ``w * x / rms(x)`` norms and a SiLU MLP, as a Qwen3 layer's
 # (Gemma and Qwen3.5 scale by ``1 + w``: their norms would not mean the same)
 MODEL_TYPES = ("qwen3", "llama", "mistral")
-INIT_CHOICES = ("random", "target_layers")
+INIT_CHOICES = ("random", "unit_logits", "target_layers")
 
 
 @dataclass

@@ -109,6 +109,20 @@ class DFlashDrafter(nn.Module):
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
                 nn.init.normal_(proj.weight, 0.0, std / math.sqrt(2 * len(self.layers)))
 
+    @torch.no_grad()
+    def scale_norm_to_unit_logits(self) -> float:
+        """Set the final norm's weights to ``1 / rms(row norms)`` of the drafting LM head; returns that scale.
+
+        The final norm leaves a unit-RMS state, so at a random start a logit's standard deviation is the norm's
+        weight times its head row's norm, and a state still close to its input token's embedding (the block's
+        anchor or mask token, the draft layers' writes being small) puts that token's logit about sqrt(hidden)
+        standard deviations above the rest under a tied head: a near one-hot first softmax on the wrong token,
+        a scale only the norm's weights can undo, and AdamW moves them about one learning rate a step."""
+        rows = self.lm_head.weight.detach().float()
+        scale = float(rows.pow(2).sum(dim=1).mean().rsqrt())
+        self.norm.weight.fill_(scale)
+        return scale
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 

@@ -122,6 +122,9 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
     drafter = build_drafter(drafter_config, embed, lm_head, draft_ids).to(info.device)
     if spec.init == "target_layers":
         init_from_target(drafter, model_dir)
+    elif spec.init == "unit_logits":
+        scale = drafter.scale_norm_to_unit_logits()
+        log.info("final norm scaled for unit-variance first logits", extra={"norm_scale": round(scale, 6)})
     started = start_from_drafter(drafter, spec.init_from, endpoint_url) if spec.init_from else None
     initial = {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items()}
 

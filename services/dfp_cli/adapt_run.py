@@ -78,6 +78,12 @@ class RunPlan:
     run: str  # the run's own prefix
     served: ServedDrafters
     stages: dict  # the stages' spec fields (generate, tokenize, train, evaluate)
+    roots: StorageRoots
+
+    def output(self, job: dict, name: str, under: str) -> str:
+        """A finished job's output ``name``, read from the job record only when it lies under the run's ``under``
+        prefix where the run asked for it (a job record is not trusted with where the run reads or promotes from)."""
+        return self.roots.check_inside(job["outputs"][name], self.run + under, f"{job.get('type', 'job')} output {name}")
 
 
 def plan_run(settings: AdaptSettings, stages: dict, owner: str, now: datetime | None = None) -> RunPlan:
@@ -97,7 +103,7 @@ def plan_run(settings: AdaptSettings, stages: dict, owner: str, now: datetime | 
     claims = OutputClaims(roots, settings.s3_endpoint_url)
     claims.claim(drafters.uri, owner, f"adapt-{stamp}", "adapt served location")
     claims.claim(run, owner, f"adapt-{stamp}", "adapt runs prefix")
-    return RunPlan(capture, run, drafters, stages)
+    return RunPlan(capture, run, drafters, stages, roots)
 
 
 def _copy_completions(completions: str, data: str, endpoint_url: str | None) -> int:
@@ -125,7 +131,7 @@ def _evaluate(jobs: JobsApi, plan: RunPlan, drafter: str, heldout: str, prompts:
     spec = {**plan.stages.get("evaluate", {}), "drafter": drafter, "prompts": [heldout], "output": plan.run + name + "/",
             "max_prompts": prompts}
     job = jobs.run("evaluate", spec)
-    return _per_prompt(job["outputs"]["report"], endpoint_url)
+    return _per_prompt(plan.output(job, "report", name + "/"), endpoint_url)
 
 
 def train_candidate(jobs: JobsApi, plan: RunPlan, split, endpoint_url: str | None) -> tuple[dict, int | None]:
@@ -133,7 +139,7 @@ def train_candidate(jobs: JobsApi, plan: RunPlan, split, endpoint_url: str | Non
     if split.regenerate:
         gen = jobs.run("generate", {**plan.stages.get("generate", {}), "prompts": split.regenerate,
                                     "output": plan.run + "generated/", "temperature": 0.0})
-        _copy_completions(gen["outputs"]["completions"], split.data, endpoint_url)
+        _copy_completions(plan.output(gen, "completions", "generated/"), split.data, endpoint_url)
     served_version = plan.served.current_version()
     train = {**plan.stages.get("train", {}), "output": plan.run + "train/"}
     if served_version is not None:
@@ -152,7 +158,7 @@ def adapt_once(jobs: JobsApi, settings: AdaptSettings, stages: dict, now: dateti
                            regenerate=settings.adapt_regenerate, endpoint_url=endpoint)
     log.info("adapt source prepared", extra={"run": plan.run, **split.as_dict()})
     pipeline, served_version = train_candidate(jobs, plan, split, endpoint)
-    drafter = pipeline["outputs"]["drafter"]
+    drafter = plan.output(pipeline, "drafter", "train/")
     cand, ngram = _evaluate(jobs, plan, drafter, split.heldout, split.heldout_records, "eval-candidate", endpoint)
     baseline, baseline_name = ngram, "ngram"
     if served_version is not None:

@@ -75,11 +75,13 @@ class ServedDrafters:
             raise PromotionError(f"{self.uri}{HISTORY}: larger than {MAX_HISTORY_BYTES} bytes")
         try:
             history = json.loads(data)
+        except RecursionError:
+            raise PromotionError(f"{self.uri}{HISTORY}: nested too deeply") from None
         except ValueError as exc:
             raise PromotionError(f"{self.uri}{HISTORY}: not JSON ({exc})") from None
         if not isinstance(history, dict) or not isinstance(history.get("stack"), list) \
                 or not isinstance(history.get("events"), list) \
-                or not all(isinstance(v, int) and v > 0 for v in history["stack"]):
+                or not all(type(v) is int and v > 0 for v in history["stack"]):
             raise PromotionError(f"{self.uri}{HISTORY}: not a served drafter's history")
         return history
 
@@ -88,8 +90,14 @@ class ServedDrafters:
         return stack[-1] if stack else None
 
     def _write_history(self, history: dict) -> None:
+        """Written with the oldest events dropped past :data:`MAX_EVENTS` or half of :data:`MAX_HISTORY_BYTES` (the
+        stack and the versions stay), so the history is always one the next run can read."""
         history["events"] = history["events"][-MAX_EVENTS:]
-        self.store.put(HISTORY, (json.dumps(history, indent=1) + "\n").encode())
+        data = json.dumps(history, indent=1) + "\n"
+        while len(data) > MAX_HISTORY_BYTES // 2 and history["events"]:
+            history["events"] = history["events"][len(history["events"]) // 4 + 1:]
+            data = json.dumps(history, indent=1) + "\n"
+        self.store.put(HISTORY, data.encode())
 
     def _versions(self) -> list[int]:
         found = set()

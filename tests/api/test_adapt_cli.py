@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 from dfp_cli.main import cli
 from dfp_shared.promotion import ServedDrafters
@@ -59,3 +60,19 @@ def test_a_run_needs_a_key_that_may_submit_jobs(make_app, redis_client, tmp_path
         out = CliRunner().invoke(cli, ["adapt", "run"], env=env)
     assert out.exit_code == 1 and "an adapt run needs a key with the write scope" in out.output
     assert not (tmp_path / "served").exists() and not (tmp_path / "adapt").exists()  # nothing claimed or written
+
+
+def test_a_job_records_output_is_read_only_under_the_runs_own_prefix(tmp_path):
+    from dfp_cli.adapt_run import plan_run
+    from dfp_cli.adapt_settings import AdaptSettings
+    from dfp_shared.storage_roots import OutsideRoots
+
+    root = f"file://{tmp_path}"
+    settings = AdaptSettings(storage_url=root, adapt_name="qwen3")
+    plan = plan_run(settings, {}, "team-a")
+    job = {"type": "pipeline", "outputs": {"drafter": plan.run + "train/drafter/"}}
+    assert plan.output(job, "drafter", "train/").endswith("train/drafter/")
+    # a job record pointing the promotion at another team's drafter (or the served store itself) is refused
+    for elsewhere in (f"{root}/team-b/train/drafter/", plan.served.uri, plan.run + "generated/drafter/"):
+        with pytest.raises(OutsideRoots, match="is not under"):
+            plan.output({"type": "pipeline", "outputs": {"drafter": elsewhere}}, "drafter", "train/")

@@ -162,3 +162,24 @@ def test_a_history_that_is_not_one_is_refused(tmp_path):
     served.store.put("history.json", b'{"stack": ["../x"], "events": []}')
     with pytest.raises(PromotionError, match="not a served drafter's history"):
         served.current_version()
+
+
+@pytest.mark.parametrize("body, reason", [(b'{"stack": [true], "events": []}', "not a served drafter's history"),
+                                          (b"[" * 100_000 + b"]" * 100_000, "nested too deeply|not JSON")])
+def test_a_hostile_history_is_refused_with_its_reason(tmp_path, body, reason):
+    served = ServedDrafters(f"file://{tmp_path}/served", "d", None)
+    served.store.put("history.json", body)
+    with pytest.raises(PromotionError, match=reason):
+        served.current_version()
+
+
+def test_a_long_history_drops_its_oldest_events_and_stays_readable(tmp_path, monkeypatch):
+    from dfp_shared import promotion
+
+    monkeypatch.setattr(promotion, "MAX_HISTORY_BYTES", 64 << 10)
+    served = ServedDrafters(f"file://{tmp_path}/served", "d", None)
+    for i in range(400):
+        served.record({"action": "refused", "reason": f"run {i}: " + "x" * 300})
+    history = served.history()  # read under the same bound it was written by
+    assert len(served.store.get("history.json")) <= 32 << 10
+    assert history["events"][-1]["reason"].startswith("run 399:") and len(history["events"]) < 400

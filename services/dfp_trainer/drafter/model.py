@@ -118,8 +118,13 @@ class DFlashDrafter(nn.Module):
         anchor or mask token, the draft layers' writes being small) puts that token's logit about sqrt(hidden)
         standard deviations above the rest under a tied head: a near one-hot first softmax on the wrong token,
         a scale only the norm's weights can undo, and AdamW moves them about one learning rate a step."""
-        rows = self.lm_head.weight.detach().float()
-        scale = float(rows.pow(2).sum(dim=1).mean().rsqrt())
+        rows = self.lm_head.weight.detach()
+        squares = sum(float(torch.linalg.vector_norm(chunk, dim=1, dtype=torch.float32).pow(2).sum())
+                      for chunk in rows.split(16_384))  # a chunk at a time: no float32 copy of a large head
+        scale = (squares / rows.shape[0]) ** -0.5 if squares > 0 else math.inf
+        if not math.isfinite(scale):
+            raise ValueError(f"the LM head's rows have no usable norm (mean square {squares / rows.shape[0]}): "
+                             "unit_logits cannot scale the final norm by it")
         self.norm.weight.fill_(scale)
         return scale
 

@@ -120,11 +120,7 @@ def prepare(config: RunConfig, info: DistInfo, source=None, *, counters: Callabl
         draft_ids, draft_vocab = choose_vocab(spec, tokenizer, dataset, train_pool, drafter_config.vocab_size)
     torch.manual_seed(spec.seed)
     drafter = build_drafter(drafter_config, embed, lm_head, draft_ids).to(info.device)
-    if spec.init == "target_layers":
-        init_from_target(drafter, model_dir)
-    elif spec.init == "unit_logits":
-        scale = drafter.scale_norm_to_unit_logits()
-        log.info("final norm scaled for unit-variance first logits", extra={"norm_scale": round(scale, 6)})
+    initialise(spec, drafter, model_dir)
     started = start_from_drafter(drafter, spec.init_from, endpoint_url) if spec.init_from else None
     initial = {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items()}
 
@@ -162,6 +158,19 @@ def distill_layers(spec: TrainSpec, target_config: dict, num_layers: int, layer_
         return teacher_layer_ids(num_layers, teacher, layer_ids)
     except ValueError as exc:
         raise TrainError(f"target {spec.target}: {exc}") from None
+
+
+def initialise(spec: TrainSpec, drafter: torch.nn.Module, model_dir) -> None:
+    """The spec's ``init`` beyond the random start: the target's layers, or the final norm scaled for unit-spread
+    first logits."""
+    if spec.init == "target_layers":
+        init_from_target(drafter, model_dir)
+    elif spec.init == "unit_logits":
+        try:
+            scale = drafter.scale_norm_to_unit_logits()
+        except ValueError as exc:
+            raise TrainError(f"target {spec.target}: {exc}") from None
+        log.info("final norm scaled for unit-variance first logits", extra={"norm_scale": round(scale, 6)})
 
 
 def init_from_target(drafter: torch.nn.Module, model_dir) -> None:

@@ -21,6 +21,31 @@ TEMPLATE_KWARGS = "chat_template_kwargs"
 MAX_STOP = 16
 MAX_SHORT = 256
 MESSAGE_FIELDS = ("role", "content", "name", "reasoning_content", "tool_call_id")
+MAX_DEPTH = 32  # how deep a message's content parts may nest to be kept
+
+
+def encodable(value: str) -> str:
+    """A string as UTF-8 can encode it: lone surrogates (valid JSON escapes, not text) become U+FFFD."""
+    if value.isascii():
+        return value
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return value
+
+
+def clean(value, depth: int = 0):
+    """A JSON value with every string, keys included, made encodable; None when it nests too deep."""
+    if isinstance(value, str):
+        return encodable(value)
+    if depth >= MAX_DEPTH:
+        return None
+    if isinstance(value, list):
+        return [clean(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {encodable(k): clean(v, depth + 1) for k, v in value.items()}
+    return value
 
 
 class Unusable(ValueError):
@@ -36,7 +61,7 @@ def _short(value):
     if isinstance(value, bool) or isinstance(value, (int, float)):
         return value
     if isinstance(value, str) and len(value) <= MAX_SHORT:
-        return value
+        return encodable(value)
     return None
 
 
@@ -45,7 +70,7 @@ def sampling_params(body: dict) -> dict:
     for name in SAMPLING:
         value = body.get(name)
         if name == "stop" and isinstance(value, list):
-            kept = [s for s in value[:MAX_STOP] if isinstance(s, str) and len(s) <= MAX_SHORT]
+            kept = [encodable(s) for s in value[:MAX_STOP] if isinstance(s, str) and len(s) <= MAX_SHORT]
             value = kept or None
         else:
             value = _short(value)
@@ -53,7 +78,8 @@ def sampling_params(body: dict) -> dict:
             params[name] = value
     kwargs = body.get(TEMPLATE_KWARGS)
     if isinstance(kwargs, dict):
-        kept = {str(k)[:MAX_SHORT]: _short(v) for k, v in list(kwargs.items())[:MAX_STOP] if _short(v) is not None}
+        kept = {encodable(str(k)[:MAX_SHORT]): _short(v) for k, v in list(kwargs.items())[:MAX_STOP]
+                if _short(v) is not None}
         if kept:
             params[TEMPLATE_KWARGS] = kept
     return params
@@ -67,7 +93,7 @@ def is_greedy(params: dict) -> bool:
 def _message(raw) -> dict:
     if not isinstance(raw, dict) or not isinstance(raw.get("role"), str):
         raise Unusable("unreadable_request", "a message without a role")
-    return {k: raw[k] for k in MESSAGE_FIELDS if k in raw and isinstance(raw[k], (str, list))}
+    return {k: clean(raw[k]) for k in MESSAGE_FIELDS if k in raw and isinstance(raw[k], (str, list))}
 
 
 @dataclass
@@ -98,17 +124,17 @@ class Exchange:
             self.size += len(part)
             if self.size > self.max_bytes:
                 raise Unusable("too_large")
-            choice[key].append(part)
+            choice[key].append(encodable(part))
         if finish is not None:
-            choice["finish"] = str(finish)[:MAX_SHORT]
+            choice["finish"] = encodable(str(finish)[:MAX_SHORT])
 
 
 def admit(kind: str, body: bytes, max_messages: int, max_choices: int, max_bytes: int) -> Exchange:
     """The exchange a request body opens; raises :class:`Unusable` for one that cannot be captured."""
     try:
         req = json.loads(body)
-    except ValueError:
-        raise Unusable("unreadable_request", "not JSON") from None
+    except (ValueError, RecursionError):
+        raise Unusable("unreadable_request", "not JSON, or nested too deep") from None
     if not isinstance(req, dict):
         raise Unusable("unreadable_request", "not a JSON object")
     if kind == CHAT:
@@ -124,9 +150,9 @@ def admit(kind: str, body: bytes, max_messages: int, max_choices: int, max_bytes
             text = text[0]
         if not isinstance(text, str):
             raise Unusable("unsupported_prompt", "a prompt that is not one string")
-        prompt = [{"role": "user", "content": text}]
+        prompt = [{"role": "user", "content": encodable(text)}]
     model = req.get("model")
-    return Exchange(kind, prompt, model if isinstance(model, str) else None, sampling_params(req),
+    return Exchange(kind, prompt, encodable(model) if isinstance(model, str) else None, sampling_params(req),
                     bool(req.get("stream")), max_choices, max_bytes, size=len(body))
 
 
@@ -147,7 +173,7 @@ def read_reply(exchange: Exchange, payload) -> None:
     if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
         raise Unusable("malformed_reply", "no choices")
     if payload.get("model") and not exchange.model and isinstance(payload["model"], str):
-        exchange.model = payload["model"][:MAX_SHORT]
+        exchange.model = encodable(payload["model"][:MAX_SHORT])
     delta_key = "delta" if exchange.stream else "message"
     for choice in payload["choices"]:
         content, reasoning = _choice_parts(exchange, choice, delta_key)
@@ -160,11 +186,11 @@ _DECODER = json.JSONDecoder()
 def _json(data: bytes):
     """One event's data as JSON (what ``json.loads`` reads, less its per-call wrapping)."""
     try:
-        text = data.decode().strip()
-        payload, end = _DECODER.scan_once(text, 0)
-    except (ValueError, StopIteration):
+        decoded = data.decode().strip()
+        payload, end = _DECODER.scan_once(decoded, 0)
+    except (ValueError, StopIteration, RecursionError):
         raise Unusable("malformed_reply", "an event whose data is not JSON") from None
-    if end != len(text):
+    if end != len(decoded):
         raise Unusable("malformed_reply", "an event whose data is not JSON")
     return payload
 
@@ -216,8 +242,8 @@ def settle(exchange: Exchange, reply: bytes, events: EventReader | None, whole: 
     if events is None:
         try:
             payload = json.loads(reply)
-        except ValueError:
-            raise Unusable("malformed_reply", "a reply that is not JSON") from None
+        except (ValueError, RecursionError):
+            raise Unusable("malformed_reply", "a reply that is not JSON, or nested too deep") from None
         read_reply(exchange, payload)
         return
     events.feed(reply)

@@ -11,7 +11,7 @@ INCOMPLETE = Counter("dfp_capture_records_incomplete_total",
                      "Records of streams whose client disconnected before the end (written, marked incomplete).")
 DROPPED = Counter("dfp_capture_dropped_total",
                   "Captures not written, by reason (buffer_full, storage_error, malformed_reply, too_large, "
-                  "upstream_status, unreadable_request, unsupported_prompt).", ["reason"])
+                  "upstream_status, unreadable_request, unsupported_prompt, unencodable).", ["reason"])
 BYTES = Counter("dfp_capture_bytes_total", "Bytes passed through (proxied) and written to shards (written).",
                 ["direction"])
 SHARDS = Counter("dfp_capture_shards_total", "Shard files written (written) and deleted by retention (expired).",

@@ -24,12 +24,12 @@ from starlette.routing import Route
 from . import metrics
 from .assemble import CHAT, COMPLETIONS, EventReader, Exchange, Unusable, admit
 from .settings import CaptureSettings
-from .upstream import Reply, UpstreamClient, UpstreamError
+from .upstream import Reply, UpstreamBusy, UpstreamClient, UpstreamError
 from .writer import Capture, CaptureWriter
 
 log = logging.getLogger(__name__)
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-              "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding"}
+              "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding", "expect"}
 HOP_BY_HOP_RAW = {name.encode("latin-1") for name in HOP_BY_HOP}
 COMPACT_BYTES = 2**20  # a stream's kept bytes past which they are read into its exchange on the way
 YES, NO = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
@@ -188,6 +188,9 @@ async def forward(request: Request, route: str, kind: str | None = None) -> Resp
                              settings.capture_max_record_bytes)
         except Unusable as exc:
             metrics.dropped(exc.reason)
+        except Exception:  # noqa: BLE001 - a request capture cannot read is forwarded all the same, unrecorded
+            metrics.dropped("unreadable_request")
+            log.warning("request not captured", exc_info=True)
     scope = request.scope
     target = scope.get("raw_path") or scope["path"].encode("latin-1")
     if scope["query_string"]:
@@ -196,6 +199,10 @@ async def forward(request: Request, route: str, kind: str | None = None) -> Resp
     try:
         reply = await client.request(request.method, target, forward_headers(settings, scope["headers"]),
                                      body if request.method == "POST" else None)
+    except UpstreamBusy:
+        metrics.REQUESTS.labels(route=route, outcome="upstream_busy").inc()
+        return JSONResponse({"error": {"message": "every upstream connection is busy", "type": "upstream_busy"}},
+                            503, headers={"retry-after": "1"})
     except UpstreamError as exc:
         metrics.REQUESTS.labels(route=route, outcome="upstream_error").inc()
         log.warning("upstream unreachable", extra={"error": str(exc)})
@@ -232,7 +239,7 @@ async def readyz(request: Request) -> Response:
     if not state.writer.running:
         return JSONResponse({"status": "writer stopped"}, 503)
     try:
-        status, _ = await state.client.fetch("GET", b"/health", [], timeout=2.0)
+        status, _ = await state.client.fetch("GET", b"/health", [], timeout=2.0, probe=True)
     except UpstreamError:
         return JSONResponse({"status": "upstream unreachable"}, 503)
     if status >= 500:

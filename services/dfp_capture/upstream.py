@@ -6,6 +6,12 @@ socket's bytes go through the C parser straight into the reply's buffer, with no
 context or pool scan. A reply's body is the upstream's bytes, de-chunked and never decoded (the request
 asks for ``Accept-Encoding: identity``). A reused keep-alive connection that the upstream had already
 closed is retried once on a fresh one, before any byte of a reply arrived.
+
+What an upstream can send is bounded: a reply's head (interim ``1xx`` heads included, which are skipped) up
+to ``MAX_HEAD_BYTES`` and ``MAX_HEADERS`` headers, arriving within the read timeout of its first byte;
+trailers up to ``MAX_TRAILER_BYTES`` (read, never kept); bytes after a reply's end close its connection.
+At most ``max_connections`` requests are in flight: one more waits up to the connect timeout for a slot,
+then is refused (:class:`UpstreamBusy`); the readiness probe has a slot of its own.
 """
 
 from __future__ import annotations
@@ -18,10 +24,17 @@ from urllib.parse import urlsplit
 import httptools
 
 PAUSE_BYTES = 256 * 1024  # a reply's unread bytes past which the upstream connection stops being read
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 100
+MAX_TRAILER_BYTES = 8 * 1024
 
 
 class UpstreamError(Exception):
     """The upstream could not be reached, went silent past the read timeout, or broke off its reply."""
+
+
+class UpstreamBusy(UpstreamError):
+    """Every connection to the upstream stayed taken for the connect timeout."""
 
 
 class Reply:
@@ -43,15 +56,38 @@ class Reply:
         self.until_close = False
         self.keep_alive = False
         self.error: Exception | None = None
+        self.slots: asyncio.Semaphore | None = None  # the one the reply's slot is given back to
+        self.interim = False
+        self.head_read = 0  # bytes read while the head was not complete (interim heads included)
+        self.head_since: float | None = None
+        self.head_bytes = self.trailer_bytes = 0
         self.seen = self.loop.time()
         self.timer = self.loop.call_later(read_timeout, self._check_silence)
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.done:
+            raise UpstreamError("bytes after the reply's end")
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        size = len(name) + len(value) + 4
+        if self.head.done():  # a trailer: read, not kept
+            self.trailer_bytes += size
+            if self.trailer_bytes > MAX_TRAILER_BYTES:
+                raise UpstreamError(f"trailers past {MAX_TRAILER_BYTES} bytes")
+            return
+        self.head_bytes += size
         self.headers.append((name, value))
+        if len(self.headers) > MAX_HEADERS or self.head_bytes > MAX_HEAD_BYTES:
+            raise UpstreamError(f"a reply head past {MAX_HEADERS} headers or {MAX_HEAD_BYTES} bytes")
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        if 100 <= self.status < 200 and self.status != 101:  # an interim reply: the final one follows
+            self.interim = True
+            self.headers = []
+            self.head_since = None
+            return
         names = {name.lower() for name, _ in self.headers}
         self.until_close = b"content-length" not in names and b"transfer-encoding" not in names
         if not self.head.done():
@@ -62,6 +98,9 @@ class Reply:
         self.buffered += len(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         self.done = True
         self.keep_alive = self.parser.should_keep_alive()  # read here: the parser forgets it afterwards
         self.timer.cancel()
@@ -70,10 +109,19 @@ class Reply:
     def feed(self, data: bytes) -> None:
         self.received = True
         self.seen = self.loop.time()
+        if not self.head.done():
+            self.head_read += len(data)
+            if self.head_since is None:
+                self.head_since = self.seen
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.fail(UpstreamError(f"unreadable reply: {exc}"))
+        except httptools.HttpParserError as exc:  # past the reply's end, the connection is only not reused
+            cause = exc.__context__
+            self.fail(cause if isinstance(cause, UpstreamError) else UpstreamError(f"unreadable reply: {exc}"))
+            self.conn.close()
+            return
+        if not self.head.done() and self.head_read > MAX_HEAD_BYTES:
+            self.fail(UpstreamError(f"a reply head past {MAX_HEAD_BYTES} bytes"))
             self.conn.close()
             return
         if self.buffered > PAUSE_BYTES:
@@ -106,11 +154,16 @@ class Reply:
             waiter.set_result(None)
 
     def _check_silence(self) -> None:
-        silent = self.loop.time() - self.seen
-        if silent < self.read_timeout:
-            self.timer = self.loop.call_later(self.read_timeout - silent, self._check_silence)
+        now = self.loop.time()
+        left = self.read_timeout - (now - self.seen)
+        slow_head = self.head_since is not None and not self.head.done()
+        if slow_head:
+            left = min(left, self.read_timeout - (now - self.head_since))
+        if left > 0:
+            self.timer = self.loop.call_later(left, self._check_silence)
             return
-        self.fail(UpstreamError(f"the upstream was silent for {self.read_timeout:g} s"))
+        what = "the reply head took longer than" if slow_head else "the upstream was silent for"
+        self.fail(UpstreamError(f"{what} {self.read_timeout:g} s"))
         self.conn.close()
 
     async def body(self):
@@ -199,6 +252,7 @@ class UpstreamClient:
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self.ssl = ssl.create_default_context() if self.tls else None
         self.slots = asyncio.Semaphore(max_connections)
+        self.probe_slots = asyncio.Semaphore(1)  # the readiness probe's own, never behind the requests
         self.idle: deque[Connection] = deque()
 
     async def _connect(self) -> Connection:
@@ -223,10 +277,21 @@ class UpstreamClient:
             lines.append(body)
         return b"".join(lines)
 
-    async def request(self, method: str, target: bytes, headers, body: bytes | None = None) -> Reply:
+    async def _acquire(self, slots: asyncio.Semaphore) -> None:
+        if not slots.locked():
+            await slots.acquire()
+            return
+        try:
+            await asyncio.wait_for(slots.acquire(), self.connect_timeout)
+        except asyncio.TimeoutError:
+            raise UpstreamBusy(f"every upstream connection stayed busy for {self.connect_timeout:g} s") from None
+
+    async def request(self, method: str, target: bytes, headers, body: bytes | None = None,
+                      probe: bool = False) -> Reply:
         """Send a request (``headers``: byte pairs, without host and content-length) and wait for the reply's
-        head; :meth:`release` the reply once done with it."""
-        await self.slots.acquire()
+        head; :meth:`release` the reply once done with it. ``probe``: on the readiness probe's own slot."""
+        slots = self.probe_slots if probe else self.slots
+        await self._acquire(slots)
         conn = None
         try:
             data = self._head(method, target, headers, body)
@@ -237,6 +302,7 @@ class UpstreamClient:
                     conn, reused = (None, False) if candidate.closed else (candidate, True)
                 conn = conn or await self._connect()
                 reply = conn.reply = Reply(conn, self.read_timeout)
+                reply.slots = slots
                 conn.transport.write(data)
                 try:
                     await reply.head
@@ -251,7 +317,7 @@ class UpstreamClient:
                 if conn.reply is not None:
                     conn.reply.timer.cancel()
                 conn.close()
-            self.slots.release()
+            slots.release()
             raise
 
     def release(self, reply: Reply) -> None:
@@ -264,12 +330,13 @@ class UpstreamClient:
             self.idle.append(conn)
         else:
             conn.close()
-        self.slots.release()
+        reply.slots.release()
 
-    async def fetch(self, method: str, target: bytes, headers, timeout: float) -> tuple[int, bytes]:
+    async def fetch(self, method: str, target: bytes, headers, timeout: float,
+                    probe: bool = False) -> tuple[int, bytes]:
         """A whole short reply (status, body) within ``timeout`` seconds."""
         async def whole():
-            reply = await self.request(method, target, headers)
+            reply = await self.request(method, target, headers, probe=probe)
             try:
                 return reply.status, await reply.read()
             finally:

@@ -117,7 +117,10 @@ class CaptureWriter:
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(self.flush_interval_s)
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:  # noqa: BLE001 - a failed flush costs its batch, never the captures after it
+                log.warning("capture flush failed", exc_info=True)
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -139,7 +142,16 @@ class CaptureWriter:
         return await asyncio.to_thread(self.write_shard, batch, key)
 
     def encode(self, capture: Capture) -> list[bytes]:
-        """A capture's records, redacted and encoded; too large or unusable ones are dropped (counted)."""
+        """A capture's records, redacted and encoded; too large, unusable or unencodable ones are dropped
+        (counted)."""
+        try:
+            return self._encode(capture)
+        except Exception as exc:  # noqa: BLE001 - one capture that cannot be written costs only itself
+            metrics.dropped("unencodable")
+            log.warning("capture not encodable", extra={"error": f"{type(exc).__name__}: {exc}"})
+            return []
+
+    def _encode(self, capture: Capture) -> list[bytes]:
         meta = {"source": "capture", "captured_at": time.strftime(CAPTURED_AT_FORMAT, time.gmtime(capture.captured_at)),
                 "incomplete": capture.incomplete}
         try:
@@ -151,14 +163,14 @@ class CaptureWriter:
         except Unusable as exc:
             metrics.dropped(exc.reason)
             return []
-        lines = []
-        for record in records:
-            line = encode_records([self.redact(record)])
+        lines = [encode_records([self.redact(record)]) for record in records]
+        kept = []
+        for line in lines:
             if len(line) > self.max_record_bytes:
                 metrics.dropped("too_large")
                 continue
-            lines.append(line)
-        return lines
+            kept.append(line)
+        return kept
 
     def write_shard(self, batch: list[Capture], key: str) -> int:
         lines, incomplete = [], 0

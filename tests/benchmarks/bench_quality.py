@@ -45,6 +45,7 @@ LEVERS = {
     "init=target_layers": {"init": "target_layers"},  # the draft layers start as the target's last two
     "distill=1.0": {"distill_weight": 1.0},  # forward KL from the target's distribution only
     "distill=0.5": {"distill_weight": 0.5},  # half KL, half cross-entropy
+    "init=unit_logits": {"init": "unit_logits"},  # the final norm scaled so the first logits have unit spread
 }
 # the drafter families and draft vocabularies (shared with the real-target benchmark): each beside the base
 # recipe's DFlash drafter over the target's full vocabulary
@@ -65,6 +66,12 @@ LEVERS.update({**{f"v8k+{k}={v}": {**V8K, k: v} for k, v in PEER.items()}, "v8k+
 # what the target itself can teach, over the same vocabulary: its distribution, its layers as the start, both
 LEVERS.update({"v8k+init=target_layers": {**V8K, "init": "target_layers"}, "v8k+distill=0.5": {**V8K, "distill_weight": 0.5},
                "v8k+distill=0.5+init": {**V8K, "distill_weight": 0.5, "init": "target_layers"}})
+# the peer's labels (the target's argmax), and a start whose first logits have unit spread, alone and with distillation
+LEVERS.update({"v8k+labels=target_argmax": {**V8K, "labels": "target_argmax"},
+               "v8k+init=unit_logits": {**V8K, "init": "unit_logits"},
+               "v8k+distill=0.5+unit_logits": {**V8K, "distill_weight": 0.5, "init": "unit_logits"},
+               # a second seed of the vocabulary's base and of the unit-spread start
+               "v8k+seed=1": {**V8K, "seed": 1}, "v8k+init=unit_logits+seed=1": {**V8K, "init": "unit_logits", "seed": 1}})
 
 
 def digest(*parts) -> str:

@@ -41,8 +41,9 @@ class Reply:
     """One reply as it arrives: ``status`` and ``headers`` (raw byte pairs) once ``head`` is done, then
     :meth:`body` yields the body's bytes as they come."""
 
-    def __init__(self, conn: Connection, read_timeout: float):
-        self.conn, self.read_timeout = conn, read_timeout
+    def __init__(self, conn: Connection, read_timeout: float, bodyless: bool = False):
+        """``bodyless``: the reply to a HEAD request, whose head ends it whatever its framing headers say."""
+        self.conn, self.read_timeout, self.bodyless = conn, read_timeout, bodyless
         self.loop = conn.loop
         self.parser = httptools.HttpResponseParser(self)
         self.head = self.loop.create_future()
@@ -89,9 +90,15 @@ class Reply:
             self.head_since = None
             return
         names = {name.lower() for name, _ in self.headers}
-        self.until_close = b"content-length" not in names and b"transfer-encoding" not in names
+        # 204 and 304 replies never have a body (the parser ends them at their head); any other without a length
+        # or chunking runs to the connection's end
+        self.until_close = (self.status not in (204, 304) and b"content-length" not in names
+                            and b"transfer-encoding" not in names)
         if not self.head.done():
             self.head.set_result(None)
+        if self.bodyless:  # the parser would wait for the body the length announces: the connection is not reused
+            self.done, self.until_close = True, True
+            self.timer.cancel()
 
     def on_body(self, body: bytes) -> None:
         self.pending.append(body)
@@ -301,7 +308,7 @@ class UpstreamClient:
                     candidate = self.idle.pop()
                     conn, reused = (None, False) if candidate.closed else (candidate, True)
                 conn = conn or await self._connect()
-                reply = conn.reply = Reply(conn, self.read_timeout)
+                reply = conn.reply = Reply(conn, self.read_timeout, bodyless=method == "HEAD")
                 reply.slots = slots
                 conn.transport.write(data)
                 try:

@@ -80,6 +80,35 @@ def test_replies_of_every_framing_are_read_and_keep_alive_connections_reused():
     assert seen[0].startswith(b"GET /base/v1/a?b=1 HTTP/1.1\r\nhost: 127.0.0.1:")
 
 
+def test_replies_without_a_body_end_at_their_head():
+    """A HEAD reply announces a length it does not send, and 204 / 304 replies have none: each ends at its head
+    (no wait for the read timeout), a 204 / 304 connection is reused, a HEAD one is not."""
+    replies = [b"HTTP/1.1 204 No Content\r\nserver: x\r\n\r\n", b"HTTP/1.1 304 Not Modified\r\n\r\n",
+               b"HTTP/1.1 200 OK\r\ncontent-length: 42\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"]
+
+    async def handler(reader, writer):
+        while replies:
+            await _read_request(reader)
+            writer.write(replies.pop(0))
+            await writer.drain()
+
+    async def main():
+        server, url, accepted = await _serve(handler)
+        client = _client(url, read_timeout=30.0)
+        got = [await asyncio.wait_for(_get(client), 5) for _ in range(2)]
+        head = await client.request("HEAD", b"/x", [])
+        got.append((head.status, head.headers, await asyncio.wait_for(head.read(), 5)))
+        client.release(head)
+        got.append(await asyncio.wait_for(_get(client), 5))
+        client.close()
+        server.close()
+        return got, len(accepted)
+
+    got, connections = asyncio.run(main())
+    assert [(s, body) for s, _, body in got] == [(204, b""), (304, b""), (200, b""), (200, b"ok")]
+    assert connections == 2  # the 204 and 304 and the HEAD on one, the GET after the HEAD on a new one
+
+
 def test_a_connection_the_upstream_dropped_while_idle_is_replaced():
     async def handler(reader, writer):
         await _read_request(reader)

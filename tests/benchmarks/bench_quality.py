@@ -74,6 +74,27 @@ LEVERS.update({"v8k+labels=target_argmax": {**V8K, "labels": "target_argmax"},
                "v8k+seed=1": {**V8K, "seed": 1}, "v8k+init=unit_logits+seed=1": {**V8K, "init": "unit_logits", "seed": 1}})
 
 
+def lever_recipe(name: str) -> dict:
+    """The train-spec changes a lever name stands for: a name of :data:`LEVERS`, or ``+``-joined parts each of
+    which is one (``v8k`` for the 8,192-token draft vocabulary) or a ``field=value`` of the train spec (a number
+    where it reads as one), e.g. ``v8k+init=unit_logits+optimizer=muon``."""
+    if name in LEVERS:
+        return dict(LEVERS[name])
+    recipe: dict = {}
+    for part in name.split("+"):
+        if part in LEVERS or part == "v8k":
+            recipe.update(LEVERS.get(part, V8K))
+        elif "=" in part:
+            key, value = part.split("=", 1)
+            try:
+                recipe[key] = json.loads(value)
+            except ValueError:
+                recipe[key] = value
+        else:
+            raise ValueError(f"unknown lever {part!r} in {name!r}; choose from {list(LEVERS)} or field=value")
+    return recipe
+
+
 def digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
@@ -242,6 +263,8 @@ def main() -> None:
     ap.add_argument("--levers", action="store_true", help="Also train and evaluate one drafter per recipe lever.")
     ap.add_argument("--only", default=None, help=f"Comma-separated levers to run (of {', '.join(LEVERS)}); implies "
                                                  "--levers. Runs on disjoint levers can share one --work.")
+    ap.add_argument("--seeds", default=None, help="Comma-separated seeds each chosen lever is trained with (unset: "
+                                                   "each lever's own seed, 0 unless it names one).")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
 
@@ -273,11 +296,16 @@ def main() -> None:
 
     base = recipe_figures(stages, ctx, "base", BASE_RECIPE)
     chosen = [n for n in args.only.split(",") if n] if args.only else list(LEVERS) if args.levers else []
-    unknown = set(chosen) - set(LEVERS)
-    if unknown:
-        ap.error(f"--only: unknown levers {sorted(unknown)}; choose from {list(LEVERS)}")
-    levers = {name: recipe_figures(stages, ctx, name, {**BASE_RECIPE, **LEVERS[name]}, untrained="init" in LEVERS[name])
-              for name in chosen}
+    try:
+        recipes = {name: lever_recipe(name) for name in chosen}
+    except ValueError as exc:
+        ap.error(f"--only: {exc}")
+    if args.seeds:  # each lever once per seed; the default seed's run keeps the lever's own name and stages
+        recipes = {name if seed == SEED and "seed" not in recipe else f"{name}+seed={seed}": (
+            recipe if seed == SEED and "seed" not in recipe else {**recipe, "seed": seed})
+            for name, recipe in recipes.items() for seed in (int(s) for s in args.seeds.split(","))}
+    levers = {name: recipe_figures(stages, ctx, name, {**BASE_RECIPE, **recipe}, untrained="init" in recipe)
+              for name, recipe in recipes.items()}
     print(f"\nheld-out prompts: {args.eval_prompts}, {args.max_new_tokens} new tokens each; drafter: "
           f"{args.steps} steps on {args.train_prompts} completions")
     print(f"{'recipe':>24}  {'tau':>5}  {'untrained':>9}  {'ngram':>5}  {'train tok/s':>11}  {'coverage':>8}  "

@@ -79,6 +79,8 @@ LEVERS = {
     "muon+init=unit_logits+labels=target_argmax": {"optimizer": "muon", "init": "unit_logits", "labels": "target_argmax"},
     **bench_quality.FAMILY_LEVERS,
 }
+# the recipe the main mode trains and reports by default: the lever that lifted τ beyond its noise on this target
+BEST = "optimizer=muon"
 
 
 def first_turns(prompts) -> list[dict]:
@@ -178,7 +180,7 @@ def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, lever: bo
                "block_size": recipe["block_size"], "run": run, **bench_quality.train_figures(run)}
     if not lever:
         start_dir = stages.run(f"evaluate-untrained.{name}", digest(key, ctx["eval_key"], "untrained"), lambda out: (
-            untrained_export(ctx["model"], run / "drafter", out / "drafter"),
+            untrained_export(ctx["model"], run / "drafter", out / "drafter", recipe.get("init", "random")),
             evaluate(ctx["model"], out / "drafter", eval_sets, min(UNTRAINED_PROMPTS, ctx["eval_prompts"]),
                      ctx["eval_new_tokens"], out)))
         figures["tau_untrained"] = json.loads((start_dir / "evaluation.json").read_text())["sets"][0]["dflash"]["tau"]
@@ -311,6 +313,8 @@ def main() -> None:
     ap.add_argument("--vllm", action="store_true", help="Also serve the trained drafter with the real vLLM on "
                                                          "MT-Bench prompts (acceptance beside the project's).")
     ap.add_argument("--served-prompts", type=int, default=16, help="MT-Bench prompts the real vLLM serves.")
+    ap.add_argument("--recipe", default=BEST, help=f"Recipe of the main drafter (the one served and reported): base or "
+                                                   f"a lever's name (default: {BEST}, the best found).")
     ap.add_argument("--levers", action="store_true", help="Also train and evaluate one drafter per recipe lever.")
     ap.add_argument("--lever-eval-prompts", type=int, default=16, help="MT-Bench prompts each lever's drafter is "
                                                                       "evaluated on (the base: --eval-prompts).")
@@ -367,7 +371,11 @@ def main() -> None:
            "eval_new_tokens": args.eval_new_tokens, "lever_eval_prompts": args.lever_eval_prompts,
            "eval_key": digest(model.name, read_records(prompts["heldout"]), args.eval_prompts, args.eval_new_tokens)}
 
-    base = recipe_figures(stages, ctx, "base", BASE_RECIPE)
+    if args.recipe != "base" and args.recipe not in LEVERS:
+        ap.error(f"--recipe: unknown {args.recipe!r}; choose base or of {list(LEVERS)}")
+    recipe = BASE_RECIPE if args.recipe == "base" else {**BASE_RECIPE, **LEVERS[args.recipe]}
+    base = recipe_figures(stages, ctx, args.recipe, recipe)
+    _, trained_tokens = quality_curve.dataset_tokens(dataset, 1024)  # as bench_quality.train cuts samples
     extra = {}
     if args.vllm:  # before the levers: the base drafter served by the real vLLM
         check = stages.run("serve", digest(base["run"].name, args.served_prompts, args.eval_new_tokens),
@@ -383,7 +391,8 @@ def main() -> None:
     unknown = set(chosen) - set(LEVERS)
     if unknown:
         ap.error(f"--only: unknown levers {sorted(unknown)}; choose from {list(LEVERS)}")
-    levers = {n: recipe_figures(stages, ctx, n, {**BASE_RECIPE, **LEVERS[n]}, lever=True) for n in chosen}
+    levers = {n: recipe_figures(stages, ctx, n, {**BASE_RECIPE, **LEVERS[n]}, lever=True) for n in chosen
+              if n != args.recipe}
 
     print(f"\nMT-Bench: {args.eval_prompts} first turns, held-out ShareGPT: {args.heldout_prompts}; "
           f"{args.eval_new_tokens} new tokens each; drafter: {args.steps} steps on {len(train_records)} completions")
@@ -392,7 +401,7 @@ def main() -> None:
 
     print(f"{'recipe':>24}  {'MT-Bench':>8}  {'n-gram':>6}  {'prompts':>7}  {'held-out':>8}  {'n-gram':>6}  "
           f"{'train tok/s':>11}  {'coverage':>8}  per-position (MT-Bench)")
-    for name, f in {"base": base, **levers}.items():
+    for name, f in {args.recipe: base, **levers}.items():
         coverage = "-" if f["draft_vocab_coverage"] is None else f"{f['draft_vocab_coverage']:.4f}"
         print(f"{name:>24}  {f['tau_mtbench']:8.2f}  {f['tau_ngram_mtbench']:6.2f}  {f['mtbench_prompts']:7d}  "
               f"{shown(f['tau_heldout']):>8}  {shown(f['tau_ngram_heldout']):>6}  {f['train_tokens_per_s']:11.0f}  "
@@ -411,7 +420,8 @@ def main() -> None:
            transformers_engine_tokens_per_s=throughput["transformers"]["tokens_per_s"],
            openai_engine_vllm_tokens_per_s=throughput["openai"]["tokens_per_s"], generation_engine=args.engine,
            sharegpt_unreadable=prompts["sharegpt_errors"],
-           target=model.name, steps=args.steps, train_prompts=len(train_records), recipe=BASE_RECIPE,
+           target=model.name, steps=args.steps, train_prompts=len(train_records), recipe=args.recipe,
+           recipe_spec=recipe, trained_tokens=trained_tokens,
            stage_seconds=stages.times, **extra,
            train_tokens_per_s=base["train_tokens_per_s"],
            levers={n: {k: f[k] for k in ("tau_mtbench", "tau_ngram_mtbench", "mtbench_prompts",

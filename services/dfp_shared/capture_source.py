@@ -186,14 +186,19 @@ def prepare_source(capture: str, output: str, since: datetime, until: datetime, 
                           f"in {len(keys)} shards under {capture}; too few to hold out {held} and train on the rest")
     index.sort()
     heldout = {(key, n) for _, _, key, n in index[-held:]}
+    indexed = {(key, n): rid for _, rid, key, n in index}
     data, prompts = _Files(out, "data/captured"), _Files(out, "regenerate/prompts")
     held_rows = []
     for key in dict.fromkeys(k for _, _, k, _ in index):
+        # the second read keeps only the lines the index chose: a shard the capture appended to meanwhile adds
+        # nothing, so the held-out share and the counts are of one set of records
         for n, line in enumerate(_lines(src, key)):
-            record = _usable(line, {"incomplete": 0, "unreadable": 0, "long_line": 0})
-            if record is None or _captured_at(record) is None or not since <= _captured_at(record) < until:
+            if (key, n) not in indexed:
                 continue
-            rid = record_id(record, f"{key}:{n}")
+            record = _usable(line, {"incomplete": 0, "unreadable": 0, "long_line": 0})
+            if record is None or record_id(record, f"{key}:{n}") != indexed[key, n]:
+                continue
+            rid = indexed[key, n]
             if (key, n) in heldout:
                 held_rows.append(_prompt(record, rid))
             elif record[META].get("greedy") is True or not regenerate:

@@ -82,6 +82,35 @@ def test_the_source_reads_s3(s3_server, s3_bucket):
     assert split.greedy + split.sampled == 5
 
 
+def test_records_a_shard_gains_while_it_is_read_are_neither_trained_on_nor_counted(tmp_path, monkeypatch):
+    """The capture appends to the current hour's shard while the source reads it: a record written between the
+    index and the copy is neither trained on nor counted, so every count describes one set of records."""
+    import dfp_shared.capture_source as capture_source
+
+    written = write_capture(f"file://{tmp_path}/capture")
+    store = open_store(f"file://{tmp_path}/capture")
+    key = f"completions/{T0:%Y%m%dT%H}/w1-b-000001.jsonl"
+    late = record(77, T0 + timedelta(minutes=59), greedy=True)
+    reads = {"n": 0}
+    real_lines = capture_source._lines
+
+    def lines_then_append(src, k):
+        if k == key:
+            reads["n"] += 1
+            if reads["n"] == 2:
+                store.put(key, store.get(key) + encode_records([late]))
+        return real_lines(src, k)
+
+    monkeypatch.setattr(capture_source, "_lines", lines_then_append)
+    split = prepare_source(f"file://{tmp_path}/capture", f"file://{tmp_path}/run", T0, T0 + timedelta(hours=3),
+                           heldout_share=0.2, regenerate=False)
+    out = open_store(f"file://{tmp_path}/run")
+    ids = {r["id"] for r in lines(out, "data/")} | {p["id"] for p in lines(out, "heldout/")}
+    assert reads["n"] == 2 and "r77" not in ids
+    assert ids == {r["id"] for r in written if not r["meta"]["incomplete"]}
+    assert split.greedy + split.sampled + split.heldout_records == len(ids)
+
+
 def test_a_window_without_enough_records_is_refused(tmp_path):
     write_capture(f"file://{tmp_path}/capture")
     with pytest.raises(SourceError, match="too few"):

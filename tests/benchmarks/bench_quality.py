@@ -181,6 +181,7 @@ def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path, *
         "dataset": f"file://{dataset}", "target": f"file://{model_dir}", "output": f"file://{out}",
         "steps": steps, "tokens_per_batch": 1024, "max_length": 512, "num_draft_layers": 2, "lr": 3e-3,
         "warmup_ratio": 0.05, "checkpoint_every": steps, "eval_prompts": 0, "seed": SEED, "exports": ["zlab"],
+        "optimizer": "adamw",  # the recipes' base (the trainer's default is Muon: the lever `optimizer=muon`)
         **spec, **recipe})
     result = run_local(job, TrainerSettings(storage_url=f"file://{out.parent}", target_url="inprocess"), resume=False)
     if not result.completed:

@@ -50,9 +50,12 @@ from dfp_shared.hidden_states import (
 from dfp_shared.hidden_states.shm_transport import HEADER_BYTES, ShmPool
 from dfp_shared.token_shards import TokenDataset
 from dfp_target.server import TargetServer
+from dfp_shared.specs.train import TrainSpec
 from dfp_target.settings import TargetSettings
 from dfp_trainer.components.data.collate import collate, fetch_hidden
 from dfp_trainer.components.data.stages import DeviceCopier, Pipeline
+from dfp_trainer.components.optimizer import make_optimizer as trainer_optimizer
+from dfp_trainer.components.optimizer import muon_matrices
 from dfp_trainer.drafter.batch import Batch
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.model import DFlashDrafter
@@ -336,13 +339,15 @@ def step_inputs(shape: Shape, device: torch.device) -> Batch:
 
 
 def make_optimizer(drafter):
+    """The trainer's default optimiser (Muon for the draft layers' matrices, AdamW for the rest) over the drafter."""
     params = drafter.trainable_parameters()
-    return params, torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    spec = TrainSpec.model_validate({"dataset": "file:///d", "target": "file:///t", "output": "file:///o"})
+    return params, trainer_optimizer(spec, params, muon_matrices(drafter))
 
 
 def train_step(drafter, params, optim, t: Batch, shape: Shape, step: int, backend: str = "auto",
                autocast: bool = False, forward_only: bool = False) -> dict:
-    """One optimiser step as the trainer takes it: the DFlash loss, backward, clip 1.0, AdamW."""
+    """One optimiser step as the trainer takes it: the DFlash loss, backward, clip 1.0, the default optimiser."""
     gen = torch.Generator().manual_seed(step)
     ctx = (torch.autocast(t.input_ids.device.type, dtype=torch.bfloat16) if autocast
            else contextlib.nullcontext())

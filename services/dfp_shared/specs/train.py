@@ -76,8 +76,9 @@ class TrainSpec(BaseModel):
     wsd_decay_ratio: float = Field(0.2, gt=0, le=1, description="Share of the run the `wsd` schedule decays over, "
                                                                  "in (0, 1].")
     optimizer: Literal["adamw", "muon"] = Field(
-        "adamw", description="`adamw` for every parameter, or `muon`: torch's Muon for the draft layers' weight "
-                             "matrices (AdamW for norms and the rest), at `muon_lr`.")
+        "muon", description="`muon` (the default): torch's Muon for the weight matrices of the draft layers and `fc` "
+                            "at `muon_lr`, AdamW at `lr` for norms, a family's per-token tables and the rest; or "
+                            "`adamw` for every parameter.")
     muon_lr: float = Field(0.02, gt=0, le=10, description="Muon's learning rate for the matrices (the `muon` optimizer).")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final learning rate as a share of the peak.")
     weight_decay: float = _within(0.0, 0, 10, "AdamW weight decay ({}).")

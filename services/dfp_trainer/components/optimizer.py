@@ -60,9 +60,24 @@ class MuonAdamW(torch.optim.Optimizer):
         self.param_groups = [g for part in self.parts for g in part.param_groups]
 
 
-def make_optimizer(spec: TrainSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """AdamW over every trainable parameter, or (``optimizer: muon``) Muon for the matrices and AdamW for the rest."""
+MUON_MODULES = ("layers", "fc")  # the draft layers and the feature projection: hidden-to-hidden maps
+
+
+def muon_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The trainable parameters Muon orthogonalises: the 2-D weights (both sides over 1) of the draft layers and of
+    ``fc``. A family's vocabulary-sized tables (DSpark's Markov factors, DFlash2's codebooks: a row per token, each
+    step's gradient on a few rows) and its one-output heads keep AdamW, as embeddings and heads do under Muon."""
+    return [p for name, p in model.named_parameters() if p.requires_grad and p.ndim == 2 and min(p.shape) > 1
+            and name.split(".", 1)[0] in MUON_MODULES]
+
+
+def make_optimizer(spec: TrainSpec, params: list[torch.nn.Parameter],
+                   matrices: list[torch.nn.Parameter] | None = None) -> torch.optim.Optimizer:
+    """AdamW over every trainable parameter, or (``optimizer: muon``) Muon for ``matrices`` (default: every 2-D
+    parameter with both sides over 1; a drafter's run passes :func:`muon_matrices`) and AdamW for the rest."""
     if spec.optimizer == "muon":
-        matrices = [p for p in params if p.ndim == 2]
-        return MuonAdamW(matrices, [p for p in params if p.ndim != 2], spec)
+        if matrices is None:
+            matrices = [p for p in params if p.ndim == 2 and min(p.shape) > 1]
+        chosen = {id(p) for p in matrices}
+        return MuonAdamW([p for p in params if id(p) in chosen], [p for p in params if id(p) not in chosen], spec)
     return torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, spec.adam_beta2), eps=1e-8, weight_decay=spec.weight_decay)

@@ -18,7 +18,7 @@ from dfp_shared.storage import open_store
 from ..components.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
 from ..components.data.dataset import BatchSampler
 from ..components.distributed import CommTimer, DistInfo, barrier, wrap_model
-from ..components.optimizer import lr_lambda, make_optimizer
+from ..components.optimizer import lr_lambda, make_optimizer, muon_matrices
 from ..drafter.wrappers import unwrap
 from ..run_config import RunConfig
 from .prepare import Setup, TrainError
@@ -57,7 +57,7 @@ class TrainState:
 
         model, comm = wrap_model(s.drafter, info)
         params = unwrap(model).trainable_parameters()
-        optim = make_optimizer(spec, params)
+        optim = make_optimizer(spec, params, muon_matrices(unwrap(model)))
         sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(spec, total))
         ckpts = CheckpointManager(open_store(config.output_uri("checkpoints"),
                                              endpoint_url=config.settings.s3_endpoint_url), keep=spec.keep_checkpoints)

@@ -11,9 +11,10 @@ import pytest
 import torch
 from dfp_shared.specs.train import TrainSpec
 from dfp_trainer.components.distributed import DistInfo
-from dfp_trainer.components.optimizer import MuonAdamW, lr_lambda, make_optimizer
+from dfp_trainer.components.optimizer import MuonAdamW, lr_lambda, make_optimizer, muon_matrices
 from dfp_trainer.run import train
 
+from tests.trainer.drafter_support import small_drafter
 from tests.trainer.train_support import final_weights, run_config, tiny_spec, torch_threads
 
 SPEC = {"dataset": "file:///d", "target": "file:///t", "output": "file:///o"}
@@ -38,6 +39,33 @@ def test_muon_takes_the_matrices_and_adamw_the_rest():
     assert [p.ndim for g in muon.param_groups for p in g["params"]] == [2]
     assert sorted(p.ndim for g in adamw.param_groups for p in g["params"]) == [1, 1, 1]
     assert [g["lr"] for g in optim.param_groups] == [0.05, 1e-3]
+
+
+@pytest.mark.parametrize("fields", [{}, {"markov_rank": 4, "confidence_head": True},
+                                    {"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 4, "selector_top_k": 3}],
+                         ids=["dflash", "dspark", "dflash2"])
+def test_a_drafters_muon_takes_its_layers_and_fc_matrices_only(fields):
+    """Muon orthogonalises hidden-to-hidden maps; a family's per-token tables and one-output heads keep AdamW."""
+    drafter = small_drafter(0, **fields)
+    names = {id(p): n for n, p in drafter.named_parameters()}
+    chosen = sorted(names[id(p)] for p in muon_matrices(drafter))
+    expected = sorted(n for n, p in drafter.named_parameters() if p.requires_grad and p.ndim == 2
+                      and (n.startswith("layers.") or n == "fc.weight"))
+    assert chosen == expected and "fc.weight" in chosen
+    assert {n.rsplit(".", 2)[-2] for n in chosen if n.startswith("layers.")} >= {
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    others = {n for n, p in drafter.named_parameters() if p.requires_grad and p.ndim >= 2 and n not in chosen}
+    assert others == {"dflash": set(), "dspark": {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight",
+                                                   "confidence_head.proj.weight"},
+                      "dflash2": {"candidate_selector.hidden_projection.weight", "candidate_selector.predecessor_codebook",
+                                  "candidate_selector.successor_codebook", *(f"layers.{i}.{conv}_conv.base_kernel"
+                                                                             for i in (0, 1) for conv in ("attention", "mlp"))},
+                      }[drafter.config.family]
+    spec = TrainSpec.model_validate({**SPEC, "optimizer": "muon"})
+    optim = make_optimizer(spec, drafter.trainable_parameters(), muon_matrices(drafter))
+    muon, adamw = optim.parts
+    assert {id(p) for g in muon.param_groups for p in g["params"]} == {id(p) for p in muon_matrices(drafter)}
+    assert len([p for g in adamw.param_groups for p in g["params"]]) == len(drafter.trainable_parameters()) - len(chosen)
 
 
 def test_a_muon_wsd_run_resumes_from_its_checkpoint_bit_for_bit(tmp_path, tiny_qwen3_dir, tiny_dataset):

@@ -44,7 +44,7 @@ def checksums(directory, target) -> dict[str, str]:
 @pytest.mark.parametrize("family", sorted(FIELDS))
 def test_an_export_per_family_is_byte_identical_on_a_fixed_seed(family, tmp_path, tiny_qwen3_dir, tiny_dataset):
     spec = TrainSpec.model_validate(tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/out", family=family,
-                                              steps=3, lr=1e-2, seed=7, **FIELDS[family]))
+                                              steps=3, lr=1e-2, seed=7, optimizer="adamw", **FIELDS[family]))
     with torch_threads(1):
         result = run_local(spec, TrainerSettings(device="cpu", work_dir=str(tmp_path / "work")), resume=False)
     assert result.completed

@@ -17,6 +17,11 @@ D-PACE, draft layers started from the target's, distillation from the target's d
 families and draft vocabulary sizes) beside the base recipe and prints τ per lever, with the training's
 tokens/s and the draft vocabulary's coverage of the trained tokens.
 
+``--peer`` trains vLLM speculators' DFlash trainer (PyPI ``speculators`` 0.9.0, in an environment of its own) on
+the same samples, at the same shape and budget as each of our drafters chosen by ``--ours``, once per
+``--peer-seeds`` seed, and serves ours and the peer's with the real vLLM on the held-out prompts
+(:mod:`peer_compare`): vLLM's acceptance length of each, the ratio ours / peer, and each training's tokens/s.
+
 Stages are cached under ``--work`` by their inputs, so a second run (or another lever) redoes only
 what changed; a cached stage shows the time it took when it ran.
 """
@@ -243,7 +248,7 @@ def recipe_figures(stages: Stages, ctx: dict, name: str, recipe: dict, untrained
             "ngram_position_acceptance": [round(p, 3) for p in trained["ngram"]["position_acceptance"]],
             "outputs_equal": all(p["outputs_equal"] for p in trained["per_prompt"]),
             "block_size": recipe["block_size"], "dflash_tokens_per_s": round(trained["dflash"]["tokens_per_s"], 1),
-            "ngram_tokens_per_s": round(trained["ngram"]["tokens_per_s"], 1), **ran}
+            "ngram_tokens_per_s": round(trained["ngram"]["tokens_per_s"], 1), "run": str(run), **ran}
 
 
 def train_figures(run: Path) -> dict:
@@ -266,6 +271,11 @@ def main() -> None:
                                                  "--levers. Runs on disjoint levers can share one --work.")
     ap.add_argument("--seeds", default=None, help="Comma-separated seeds each chosen lever is trained with (unset: "
                                                    "each lever's own seed, 0 unless it names one).")
+    ap.add_argument("--peer", action="store_true", help="Also train vLLM speculators' DFlash trainer on the same "
+                    "samples, shape and budget as each --ours drafter and serve both with the real vLLM.")
+    ap.add_argument("--peer-seeds", default="0", help="Comma-separated seeds of the peer's runs (--peer).")
+    ap.add_argument("--ours", default="draft_vocab=8192", help="Comma-separated recipes of ours served beside the "
+                    "peer (--peer): base, or lever names as --only takes them.")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
 
@@ -299,8 +309,12 @@ def main() -> None:
     chosen = [n for n in args.only.split(",") if n] if args.only else list(LEVERS) if args.levers else []
     try:
         recipes = {name: lever_recipe(name) for name in chosen}
+        ours = {name: {} if name == "base" else lever_recipe(name)
+                for name in (n for n in args.ours.split(",") if n)} if args.peer else {}
     except ValueError as exc:
-        ap.error(f"--only: {exc}")
+        ap.error(f"--only / --ours: {exc}")
+    if args.peer and not (ours and [x for x in args.peer_seeds.split(",") if x]):
+        ap.error("--peer needs at least one --ours recipe and one --peer-seeds seed")
     if args.seeds:  # each lever once per seed; the default seed's run keeps the lever's own name and stages
         recipes = {name if seed == SEED and "seed" not in recipe else f"{name}+seed={seed}": (
             recipe if seed == SEED and "seed" not in recipe else {**recipe, "seed": seed})
@@ -316,6 +330,17 @@ def main() -> None:
         coverage = f"{f['draft_vocab_coverage']:8.4f}" if f["draft_vocab_coverage"] is not None else f"{'-':>8}"
         print(f"{name:>24}  {f['tau']:5.2f}  {start}  {f['tau_ngram']:5.2f}  {f['train_tokens_per_s']:11.0f}  "
               f"{coverage}  {f['position_acceptance']}")
+    peer_entry = None
+    if args.peer:
+        import peer_compare
+
+        served = {}
+        for name, change in ours.items():
+            recipe = {**BASE_RECIPE, **change}
+            figures = base if name == "base" else levers.get(name) or recipe_figures(stages, ctx, name, recipe, False)
+            served[name] = (Path(figures["run"]), recipe, figures)
+        peer_entry = peer_compare.compare(stages, ctx, served, [int(x) for x in args.peer_seeds.split(",") if x])
+        peer_compare.print_comparison(peer_entry)
     print(f"stage wall times (s): {stages.times}")
     report("quality", "tokens/step", base["tau"], base["tau_ngram"], float(base["block_size"]),
            tau_untrained=round(base["tau_untrained"], 3), tau_vllm=round(base["tau_vllm"], 3),
@@ -326,7 +351,8 @@ def main() -> None:
            train_tokens_per_s=base["train_tokens_per_s"],
            levers={n: {k: f[k] for k in ("tau", "tau_vllm", "tau_untrained", "tau_ngram", "position_acceptance",
                                          "train_tokens_per_s", "draft_vocab_coverage")}
-                   for n, f in levers.items()})
+                   for n, f in levers.items()},
+           **({"peer": peer_entry} if peer_entry else {}))
 
 
 if __name__ == "__main__":

@@ -72,7 +72,9 @@ def parse_spec_counters(text: str) -> SpecCounters:
 
 
 def read_config(model_dir: str | os.PathLike) -> tuple[Path, dict]:
-    """A model directory's ``config.json`` (its ``text_config`` when it has one), or a ValueError naming the file."""
+    """A model directory's ``config.json`` (its ``text_config`` when it has one; a speculators-layout drafter's
+    ``transformer_layer_config``, with the DFlash marker ``dflash_config`` when it is one), or a ValueError naming
+    the file."""
     path = Path(model_dir) / "config.json"
     try:
         config = json.loads(path.read_text())
@@ -82,6 +84,10 @@ def read_config(model_dir: str | os.PathLike) -> tuple[Path, dict]:
         raise ValueError(f"{path}: line {exc.lineno}: invalid JSON: {exc.msg}") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a JSON object")
+    layers = config.get("transformer_layer_config")
+    if isinstance(layers, dict):  # speculators layout: the draft layers' config nested, the algorithm beside it
+        dflash = config.get("speculators_model_type") in ("dflash", "dflash2")
+        return path, {**layers, **({"dflash_config": {}} if dflash else {})}
     return path, config.get("text_config", config)
 
 

@@ -274,6 +274,8 @@ def main() -> None:
     ap.add_argument("--peer", action="store_true", help="Also train vLLM speculators' DFlash trainer on the same "
                     "samples, shape and budget as each --ours drafter and serve both with the real vLLM.")
     ap.add_argument("--peer-seeds", default="0", help="Comma-separated seeds of the peer's runs (--peer).")
+    ap.add_argument("--peer-optimizer", choices=("adamw", "muon"), default="adamw",
+                    help="The peer's optimizer (--peer): its default AdamW, or its Muon at our Muon's settings.")
     ap.add_argument("--ours", default="draft_vocab=8192", help="Comma-separated recipes of ours served beside the "
                     "peer (--peer): base, or lever names as --only takes them.")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -339,7 +341,8 @@ def main() -> None:
             recipe = {**BASE_RECIPE, **change}
             figures = base if name == "base" else levers.get(name) or recipe_figures(stages, ctx, name, recipe, False)
             served[name] = (Path(figures["run"]), recipe, figures)
-        peer_entry = peer_compare.compare(stages, ctx, served, [int(x) for x in args.peer_seeds.split(",") if x])
+        peer_entry = peer_compare.compare(stages, ctx, served, [int(x) for x in args.peer_seeds.split(",") if x],
+                                          args.peer_optimizer)
         peer_compare.print_comparison(peer_entry)
     print(f"stage wall times (s): {stages.times}")
     report("quality", "tokens/step", base["tau"], base["tau_ngram"], float(base["block_size"]),

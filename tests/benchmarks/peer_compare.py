@@ -18,6 +18,7 @@ from pathlib import Path
 import peer_speculators as peer
 
 SPECULATIVE_SETTINGS = {"lr": 3e-3, "warmup_ratio": 0.05, "weight_decay": 0.0, "gamma": 4.0, "total_seq_len": 1024}
+OPTIMIZERS = {"adamw": {"optimizer": "adamw"}, "muon": {"optimizer": "muon", "muon_lr": 0.02}}  # muon_lr: our default
 
 
 def code_hash() -> str:
@@ -39,8 +40,9 @@ def our_shape(run: Path, recipe: dict, steps: int, seed: int) -> dict:
             "seed": seed, "steps": steps}
 
 
-def peer_runs(stages, ctx: dict, shape: dict, seeds: list[int], python: Path) -> dict[int, Path]:
-    """The peer trained at ``shape`` once per seed (cached stages); their run directories by seed."""
+def peer_runs(stages, ctx: dict, shape: dict, seeds: list[int], python: Path, optimizer: str = "adamw") -> dict[int, Path]:
+    """The peer trained at ``shape`` once per seed (cached stages) with ``optimizer`` (``adamw``, or ``muon`` at our
+    Muon's settings for the matrices); their run directories by seed."""
     vocab = shape["draft_vocab_size"] or "full"
     data_key = digest_of(ctx["dataset_key"], shape, SPECULATIVE_SETTINGS, code_hash())
     def prepare(out: Path) -> None:
@@ -55,12 +57,15 @@ def peer_runs(stages, ctx: dict, shape: dict, seeds: list[int], python: Path) ->
             seeded.mkdir(parents=True)
             (seeded / "samples.safetensors").symlink_to(data / "samples.safetensors")
             settings = json.loads((data / "settings.json").read_text())
-            (seeded / "settings.json").write_text(json.dumps({**settings, "seed": seed}, indent=1))
+            (seeded / "settings.json").write_text(json.dumps({**settings, "seed": seed, **OPTIMIZERS[optimizer]},
+                                                             indent=1))
             peer.train_peer(python, seeded, out, out / "train.log")
             from dfp_dev.serving.vllm_server import check_servable
 
             check_servable(out / "export", "drafter")  # raises naming the field vLLM's CPU runner refuses
-        runs[seed] = stages.run(f"peer-train.v{vocab}.seed{seed}", digest_of(data_key, seed), train)
+        tag, key = ("", digest_of(data_key, seed)) if optimizer == "adamw" else \
+            (f".{optimizer}", digest_of(data_key, seed, OPTIMIZERS[optimizer]))
+        runs[seed] = stages.run(f"peer-train.v{vocab}{tag}.seed{seed}", key, train)
     return runs
 
 
@@ -117,7 +122,8 @@ def reference(stages, ctx: dict, drafter: Path) -> dict:
                        / "reference.json").read_text())
 
 
-def compare(stages, ctx: dict, ours: dict[str, tuple[Path, dict, dict]], seeds: list[int]) -> dict:
+def compare(stages, ctx: dict, ours: dict[str, tuple[Path, dict, dict]], seeds: list[int],
+            optimizer: str = "adamw") -> dict:
     """``ours``: name -> (run directory, recipe, training figures). Trains the peer at each of their shapes, serves
     every drafter with vLLM and returns the ``peer`` entry of the report."""
     from dfp_dev.serving.vllm_env import ensure_env
@@ -133,11 +139,12 @@ def compare(stages, ctx: dict, ours: dict[str, tuple[Path, dict, dict]], seeds: 
                              "train_tokens_per_s": figures["train_tokens_per_s"]}
         vocab = f"v{shape['draft_vocab_size'] or 'full'}"
         if vocab not in peers:
-            runs = peer_runs(stages, ctx, shape, seeds, python)
+            runs = peer_runs(stages, ctx, shape, seeds, python, optimizer)
             per_seed = {}
             for seed, run_dir in runs.items():
                 figs = json.loads((run_dir / "figures.json").read_text())
-                per_seed[seed] = {**serve(stages, ctx, f"peer.{vocab}.seed{seed}", digest_of(run_dir.name),
+                per_seed[seed] = {**serve(stages, ctx, f"peer.{vocab}{'' if optimizer == 'adamw' else '.' + optimizer}"
+                                                        f".seed{seed}", digest_of(run_dir.name),
                                           run_dir / "export", greedy, vllm_python),
                                   **{k: figs.get(k) for k in ("train_tokens_per_s", "wall_tokens_per_s", "steps",
                                                               "train_tokens", "last50_loss", "last50_full_acc",
@@ -151,7 +158,8 @@ def compare(stages, ctx: dict, ours: dict[str, tuple[Path, dict, dict]], seeds: 
                             "hidden_states_seconds": round(stage["seconds"], 1)}
         ratios[name] = round(served_ours[name]["acceptance_length"] / peers[vocab]["acceptance_length_mean"], 4)
         served_ours[name]["peer"] = vocab
-    return {"ours": served_ours, "peer": peers, "ratio_ours_over_peer": ratios, "speculators": peer.PEER,
+    return {"ours": served_ours, "peer": peers, "peer_optimizer": optimizer, "ratio_ours_over_peer": ratios,
+            "speculators": peer.PEER,
             "unmatched": peer.UNMATCHED, "prompts": ctx["eval_prompts"], "max_new_tokens": ctx["max_new_tokens"]}
 
 

@@ -138,7 +138,9 @@ def main(data_dir: Path, out: Path) -> None:
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     config = TrainerConfig(
         lr=s["lr"], num_epochs=1 + s["steps"] // max(1, len(loader)), save_path=str(out / "checkpoints"),
-        train_call_kwargs=train_kwargs, val_call_kwargs=train_kwargs, optimizer="adamw",
+        train_call_kwargs=train_kwargs, val_call_kwargs=train_kwargs, optimizer=s.get("optimizer", "adamw"),
+        # its Muon as ours runs torch's: the same rate, no decoupled decay, torch's own rate adjustment
+        muon_lr=s.get("muon_lr", 0.02), muon_weight_decay=s["weight_decay"], muon_adjust_lr_fn="original",
         weight_decay=s["weight_decay"], scheduler_type="cosine", scheduler_warmup_ratio=s["warmup_ratio"],
         checkpoint_freq=1, hidden_states_dtype=torch.float32, log_freq=1, max_steps=s["steps"])
     tap = MetricsTap()

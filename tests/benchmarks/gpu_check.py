@@ -48,9 +48,9 @@ from dfp_shared.hidden_states import (
     plan_batches,
 )
 from dfp_shared.hidden_states.shm_transport import HEADER_BYTES, ShmPool
+from dfp_shared.specs.train import TrainSpec
 from dfp_shared.token_shards import TokenDataset
 from dfp_target.server import TargetServer
-from dfp_shared.specs.train import TrainSpec
 from dfp_target.settings import TargetSettings
 from dfp_trainer.components.data.collate import collate, fetch_hidden
 from dfp_trainer.components.data.stages import DeviceCopier, Pipeline

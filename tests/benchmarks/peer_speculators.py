@@ -20,17 +20,15 @@ Three parts, each usable alone:
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+from dfp_dev import cached_env
 
 PEER = "speculators==0.9.0"
 TORCH = "torch==2.13.0"  # the CPU build of the machine's index, installed first so nothing pulls another
@@ -38,7 +36,6 @@ NO_DEPS = (PEER, "hs-connectors==0.9.0")  # their declared torchvision / torchau
 DEPENDENCIES = ("transformers==5.19.0", "datasets==5.1.0", "loguru==0.7.3", "numpy<=2.5.4", "pydantic",
                 "pydantic-settings", "safetensors", "tqdm<=4.70.1", "rich", "openai>=2.0.0", "httpx", "aiohttp",
                 "click", "typer", "psutil", "protobuf", "huggingface-hub", "packaging")
-STAMP = ".dflash-installed"
 HERE = Path(__file__).resolve().parent
 
 # what of the base recipe the peer cannot take as ours does (read from speculators 0.9.0's code); all else matches:
@@ -70,7 +67,7 @@ UNMATCHED = {
 }
 
 
-class PeerInstallError(RuntimeError):
+class PeerInstallError(cached_env.EnvInstallError):
     """The peer environment could not be created; the message names the step and the log."""
 
 
@@ -89,46 +86,21 @@ def env_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def env_python(cache_dir: str | os.PathLike | None = None) -> Path | None:
-    root = env_dir(cache_dir)
-    python = root / "bin" / "python"
-    return python if (root / STAMP).is_file() and python.exists() else None
-
-
-def _run(cmd: list[str], log, step: str) -> None:
-    log.write(f"$ {' '.join(cmd)}\n".encode())
-    log.flush()
-    if subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL):
-        raise PeerInstallError(f"{step} failed: {' '.join(cmd)}; see {log.name}")
+    return cached_env.ready_python(env_dir(cache_dir))
 
 
 def ensure_peer_env(cache_dir: str | os.PathLike | None = None, echo=print) -> Path:
     """The interpreter of the peer environment, installing it first when missing (about two minutes)."""
-    found = env_python(cache_dir)
-    if found:
-        return found
-    root = env_dir(cache_dir)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f"{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = env_python(cache_dir)
-        if found:
-            return found
-        shutil.rmtree(root, ignore_errors=True)  # an install that did not finish
-        log_path = root.parent / f"{root.name}.install.log"
-        echo(f"installing {PEER} and a CPU torch into {root} (log {log_path})")
-        began = time.monotonic()
-        with open(log_path, "wb") as log:
-            base = getattr(sys, "_base_executable", None) or sys.executable
-            _run([base, "-m", "venv", str(root)], log, "creating the virtual environment")
-            pip = [str(root / "bin" / "python"), "-m", "pip", "install", "--no-input"]
-            _run([*pip, TORCH], log, f"installing {TORCH}")
-            _run([*pip, *DEPENDENCIES], log, "installing the trainer's imports")
-            _run([*pip, "--no-deps", *NO_DEPS], log, f"installing {', '.join(NO_DEPS)} without dependencies")
-            _run([str(root / "bin" / "python"), "-c", "import speculators.train.trainer, speculators.models.dflash, "
-                  "torch; print(torch.__version__)"], log, "importing speculators")
-        (root / STAMP).write_text("\n".join([TORCH, *NO_DEPS, *DEPENDENCIES]) + "\n")
-        echo(f"peer environment ready in {time.monotonic() - began:.0f}s")
-        return root / "bin" / "python"
+    def install(python: Path, run) -> None:
+        pip = [str(python), "-m", "pip", "install", "--no-input"]
+        run([*pip, TORCH], f"installing {TORCH}")
+        run([*pip, *DEPENDENCIES], "installing the trainer's imports")
+        run([*pip, "--no-deps", *NO_DEPS], f"installing {', '.join(NO_DEPS)} without dependencies")
+        run([str(python), "-c", "import speculators.train.trainer, speculators.models.dflash, torch; "
+             "print(torch.__version__)"], "importing speculators")
+
+    return cached_env.ensure(env_dir(cache_dir), install, "\n".join([TORCH, *NO_DEPS, *DEPENDENCIES]),
+                             what=f"{PEER} and a CPU torch", echo=echo, error=PeerInstallError)
 
 
 def select_samples(input_ids: torch.Tensor, loss_mask: torch.Tensor, offsets: torch.Tensor, keep: torch.Tensor,

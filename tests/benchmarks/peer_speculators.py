@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from dfp_dev import cached_env
+from dfp_shared.tokenizer_assets import default_cache_dir
 
 PEER = "speculators==0.9.0"
 TORCH = "torch==2.13.0"  # the CPU build of the machine's index, installed first so nothing pulls another
@@ -77,12 +78,8 @@ def pins_hash() -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def default_cache() -> Path:
-    return Path(os.environ.get("DFLASH_CACHE_DIR") or Path.home() / ".cache" / "dflash-pipeline")
-
-
 def env_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    return Path(cache_dir or default_cache()) / f"speculators-{pins_hash()}"
+    return Path(cache_dir or default_cache_dir()) / f"speculators-{pins_hash()}"
 
 
 def env_python(cache_dir: str | os.PathLike | None = None) -> Path | None:

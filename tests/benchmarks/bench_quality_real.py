@@ -78,6 +78,9 @@ LEVERS = {
     "muon+init=unit_logits": {"optimizer": "muon", "init": "unit_logits"},
     "muon+init=unit_logits+labels=target_argmax": {"optimizer": "muon", "init": "unit_logits", "labels": "target_argmax"},
     **bench_quality.FAMILY_LEVERS,
+    # the families under the default optimizer
+    "muon+family=dflash2": {"optimizer": "muon", "family": "dflash2"},
+    "muon+family=dspark": {"optimizer": "muon", "family": "dspark"},
 }
 # the recipe the main mode trains and reports by default: the lever that lifted τ beyond its noise on this target
 BEST = "optimizer=muon"
@@ -217,7 +220,8 @@ def curve_point(stages: Stages, ctx: dict, size: int, records: list[dict], recip
                  "heldout_prompts": held["prompts"],
                  "position_acceptance_mtbench": [round(p, 3) for p in mt["position_acceptance"]],
                  "train_seconds": stages.times[f"train-curve.{name}.{size}"],
-                 "eval_seconds": stages.times[f"replay-curve.{name}.{size}"], **bench_quality.train_figures(run)}
+                 "eval_seconds": stages.times[f"replay-curve.{name}.{size}"], **bench_quality.train_figures(run),
+                 "run": run, "dataset": dataset, "dataset_key": answers_key}
         if decode_check and name == "base":
             evaluated = stages.run(f"evaluate-curve.{name}.{size}", digest(key, ctx["eval_key"], ctx["eval_batch"]),
                                    lambda out, run=run: evaluate(
@@ -237,6 +241,36 @@ def curve_point(stages: Stages, ctx: dict, size: int, records: list[dict], recip
     return points
 
 
+def curve_peer(args, stages: Stages, ctx: dict, points: list[dict], recipes: dict) -> dict:
+    """vLLM speculators' DFlash trainer on the curve's largest size (:mod:`peer_compare`): trained on the same
+    samples at the shape and budget of each ``--peer-ours`` recipe's drafter, once per seed and per
+    ``--peer-optimizer``; ours and the peer's served by the real vLLM on the first ``--served-prompts`` MT-Bench
+    first turns (SmolLM2's template has no thinking mode), each output checked against greedy."""
+    import peer_compare
+
+    size = max(p["conversations"] for p in points)
+    last = {p["recipe"]: p for p in points if p["conversations"] == size}
+    names = [n for n in args.peer_ours.split(",") if n]
+    missing = [n for n in names if n not in last]
+    if missing:
+        raise SystemExit(f"--peer-ours: {missing} not among the curve's recipes {list(last)}")
+    first = last[names[0]]
+    mtbench = read_records(ctx["mtbench"])[: args.served_prompts]
+    peer_ctx = {"model": ctx["model"], "dataset": first["dataset"], "dataset_key": first["dataset_key"],
+                "steps": first["steps"], "heldout": ctx["heldout"], "served": ctx["mtbench"], "served_name": "MT-Bench",
+                "thinking": False, "eval_prompts": args.served_prompts, "max_new_tokens": args.eval_new_tokens,
+                "eval_key": digest(ctx["model"].name, mtbench, args.served_prompts, args.eval_new_tokens, "no thinking")}
+    # our trainer cuts samples at 1,024 tokens here (the curve's are at most SAMPLE_MAX_TOKENS): the peer's too
+    ours = {n: (last[n]["run"], {**recipes[n], "max_length": 1024}, last[n]) for n in names}
+    seeds = [int(x) for x in args.peer_seeds.split(",") if x]
+    entries = {}
+    for optimizer in (o for o in args.peer_optimizer.split(",") if o):
+        entries[optimizer] = peer_compare.compare(stages, peer_ctx, ours, seeds, optimizer)
+        peer_compare.print_comparison(entries[optimizer])
+    return {"conversations": size, "trained_tokens": first["trained_tokens"], "steps": first["steps"],
+            "by_peer_optimizer": entries}
+
+
 def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
     """The data-scaling mode: τ against trained tokens for each recipe, fitted, plotted and reported."""
     from dfp_dev.prompt_sets import sharegpt_file
@@ -247,6 +281,13 @@ def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
     if unknown:
         raise SystemExit(f"--curve-recipes: unknown {sorted(unknown)}; choose base or of {list(LEVERS)}")
     recipes = {n: BASE_RECIPE if n == "base" else {**BASE_RECIPE, **LEVERS[n]} for n in names}
+    if args.peer:
+        import peer_compare
+
+        odd = [o for o in args.peer_optimizer.split(",") if o and o not in peer_compare.OPTIMIZERS]
+        if odd or set(n for n in args.peer_ours.split(",") if n) - set(names):
+            raise SystemExit(f"--peer: --peer-ours must name curve recipes ({names}) and --peer-optimizer be of "
+                             f"{list(peer_compare.OPTIMIZERS)}")
     records, counts = quality_curve.own_answers(sharegpt_file(), HELD_OUT_ONE_IN, MAX_PROMPT_CHARS, max(sizes))
     print(f"  own answers: {counts}; sizes {sizes} of {len(records)} available", flush=True)
     draft_len = BASE_RECIPE["block_size"] - 1
@@ -272,6 +313,7 @@ def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
         plan = {f"{key}_{label}": quality_curve.tokens_for(fits[key], factor * ngram[key])
                 for key in ("mtbench", "heldout") for label, factor in (("1.5x_ngram", 1.5), ("2x_ngram", 2.0))}
         curves[name] = {"points": mine, "fits": fits, "tau_ngram": ngram, "trained_tokens_for": plan}
+    peer_entry = curve_peer(args, stages, ctx, points, recipes) if args.peer else None
     picture = quality_curve.plot(curves, Path(args.curve_plot))
     print(f"\n{'recipe':>18}  {'conv':>5}  {'trained tok':>11}  {'steps':>5}  {'MT-Bench':>8}  {'n-gram':>6}  "
           f"{'held-out':>8}  {'n-gram':>6}  per-position (MT-Bench)")
@@ -293,7 +335,8 @@ def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
                                                      "tau_ngram_mtbench", "tau_heldout", "tau_ngram_heldout",
                                                      "decode_check", "train_seconds", "eval_seconds") if k in p}
                                   for p in c["points"]], "fits": c["fits"], "trained_tokens_for": c["trained_tokens_for"]}
-                   for n, c in curves.items()}, stage_seconds=stages.times, plot=str(picture) if picture else None)
+                   for n, c in curves.items()}, stage_seconds=stages.times, plot=str(picture) if picture else None,
+           **({"peer": peer_entry} if peer_entry else {}))
 
 
 def main() -> None:
@@ -330,6 +373,13 @@ def main() -> None:
     ap.add_argument("--curve-decode-check", default=None, metavar="SIZES",
                     help="Sizes whose base drafter is also evaluated by real decoding beside its replay (default: the "
                          "smallest).")
+    ap.add_argument("--peer", action="store_true", help="Curve mode: also train vLLM speculators' DFlash trainer on "
+                    "the largest size's samples at each --peer-ours drafter's shape and budget; the real vLLM serves "
+                    "both on the first --served-prompts MT-Bench first turns.")
+    ap.add_argument("--peer-ours", default=BEST, help="Comma-separated curve recipes served beside the peer (--peer).")
+    ap.add_argument("--peer-seeds", default="0", help="Comma-separated seeds of the peer's runs (--peer).")
+    ap.add_argument("--peer-optimizer", default="adamw,muon", help="The peer's optimizers (--peer), comma-separated: "
+                    "adamw (its default) and muon (its Muon at our Muon's settings).")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
 

@@ -3,8 +3,9 @@
 For each of our chosen drafters the peer is trained at the same shape (its draft vocabulary size included) on the
 same samples and budget, once per ``--peer-seeds`` seed (:mod:`peer_speculators`), each run a cached stage. Every
 drafter, ours and the peer's, is then served by vLLM's OpenAI server (its own CPU environment,
-:mod:`dfp_dev.serving`) for the learnable target on the held-out prompts, greedily in the training's thinking
-mode, each output checked token for token against the target's plain greedy decode; vLLM's acceptance length
+:mod:`dfp_dev.serving`) beside the target on ``ctx["served"]`` (default the held-out prompts), greedily in the
+training's thinking mode (``ctx["thinking"]``, default on), each output checked token for token against the
+target's plain greedy decode; vLLM's acceptance length
 (1 + accepted drafts / drafts, whole verified blocks) is the figure, and ours / the peer's mean is the ratio.
 """
 
@@ -36,7 +37,8 @@ def our_shape(run: Path, recipe: dict, steps: int, seed: int) -> dict:
     return {"target_layer_ids": list(dflash["target_layer_ids"]), "mask_token_id": int(dflash["mask_token_id"]),
             "block_size": int(dflash.get("block_size", config.get("block_size"))),
             "num_layers": int(config["num_hidden_layers"]), "draft_vocab_size": config.get("draft_vocab_size"),
-            "max_length": 512, "tokens_per_batch": 1024, "max_anchors": int(recipe["max_anchors"]),
+            "max_length": int(recipe.get("max_length", 512)), "tokens_per_batch": 1024,
+            "max_anchors": int(recipe["max_anchors"]),
             "seed": seed, "steps": steps}
 
 
@@ -69,16 +71,23 @@ def peer_runs(stages, ctx: dict, shape: dict, seeds: list[int], python: Path, op
     return runs
 
 
+def served_prompts(ctx: dict) -> tuple[list[list[dict]], list[str]]:
+    """The prompts every drafter is served on: ``ctx["served"]`` (a JSONL prompt set), else the held-out set."""
+    from dfp_dev.serving.check import load_prompts
+
+    return load_prompts(str(ctx.get("served", ctx["heldout"])), ctx["eval_prompts"], ctx["model"])
+
+
 def serve(stages, ctx: dict, name: str, key: str, drafter: Path, reference: dict, vllm_python: Path) -> dict:
-    """vLLM serving ``drafter`` on the held-out prompts (a cached stage): acceptance and output equality."""
+    """vLLM serving ``drafter`` on the served prompts (a cached stage): acceptance and output equality."""
     from dfp_dev.serving import check as serving
     from dfp_dev.serving.vllm_server import VllmServer
 
     def run(out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        messages, ids = serving.load_prompts(str(ctx["heldout"]), ctx["eval_prompts"], ctx["model"])
+        messages, ids = served_prompts(ctx)
         check = serving.ServeCheck(Path(ctx["model"]).resolve(), drafter.resolve(), messages, ids,
-                                   ctx["max_new_tokens"], True, out)
+                                   ctx["max_new_tokens"], ctx.get("thinking", True), out)
         block = serving.drafter_block_size(drafter)
         server = VllmServer(vllm_python, check.target, out, drafter_dir=check.drafter,
                             num_speculative_tokens=block - 1, method=serving.drafter_method(drafter),
@@ -109,14 +118,14 @@ def digest_of(*parts) -> str:
 
 
 def reference(stages, ctx: dict, drafter: Path) -> dict:
-    """The target's plain greedy outputs on the held-out prompts (the project's reference decode, cached)."""
-    from dfp_dev.serving.check import ServeCheck, load_prompts, reference_decode
+    """The target's plain greedy outputs on the served prompts (the project's reference decode, cached)."""
+    from dfp_dev.serving.check import ServeCheck, reference_decode
 
     def run(out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        messages, ids = load_prompts(str(ctx["heldout"]), ctx["eval_prompts"], ctx["model"])
+        messages, ids = served_prompts(ctx)
         reference_decode(ServeCheck(Path(ctx["model"]).resolve(), drafter.resolve(), messages, ids,
-                                    ctx["max_new_tokens"], True, out))
+                                    ctx["max_new_tokens"], ctx.get("thinking", True), out))
 
     return json.loads((stages.run("serve-reference", digest_of(ctx["eval_key"], "greedy"), run)
                        / "reference.json").read_text())
@@ -160,11 +169,14 @@ def compare(stages, ctx: dict, ours: dict[str, tuple[Path, dict, dict]], seeds: 
         served_ours[name]["peer"] = vocab
     return {"ours": served_ours, "peer": peers, "peer_optimizer": optimizer, "ratio_ours_over_peer": ratios,
             "speculators": peer.PEER,
-            "unmatched": peer.UNMATCHED, "prompts": ctx["eval_prompts"], "max_new_tokens": ctx["max_new_tokens"]}
+            "unmatched": peer.UNMATCHED, "prompts": ctx["eval_prompts"],
+            "prompt_set": ctx.get("served_name", "held-out"),
+            "max_new_tokens": ctx["max_new_tokens"]}
 
 
 def print_comparison(entry: dict) -> None:
-    print(f"\nserved by vLLM ({entry['prompts']} held-out prompts, {entry['max_new_tokens']} tokens, greedy): "
+    print(f"\nserved by vLLM ({entry['prompts']} {entry.get('prompt_set', 'held-out')} prompts, "
+          f"{entry['max_new_tokens']} tokens, greedy): "
           "acceptance length (1 + accepted / drafts)")
     for name, f in entry["ours"].items():
         p = entry["peer"][f["peer"]]

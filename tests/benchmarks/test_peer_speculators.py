@@ -91,3 +91,30 @@ def test_check_servable_reads_a_speculators_layout(tmp_path):
         check_servable(export("head", head_dim=48), "drafter")
     with pytest.raises(ValueError, match="mixes sliding_attention and full_attention"):
         check_servable(export("mixed", layer_types=["sliding_attention", "full_attention"]), "drafter")
+
+
+def test_comparison_serves_the_chosen_prompt_set_and_reads_our_cut(tmp_path):
+    """The comparison serves the set its context names (MT-Bench for a real target) and falls back to the held-out
+    one; the peer's samples are cut where our recipe cuts them."""
+    import json
+
+    import peer_compare
+
+    def prompt_set(name: str, texts: list[str]) -> Path:
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"id": f"{name}-{i}", "messages": [{"role": "user", "content": t}]}) + "\n"
+                                for i, t in enumerate(texts)))
+        return path
+
+    heldout, mtbench = prompt_set("heldout.jsonl", ["a", "b"]), prompt_set("mtbench.jsonl", ["x", "y", "z"])
+    ctx = {"heldout": heldout, "eval_prompts": 2, "model": tmp_path}
+    assert [m[0]["content"] for m in peer_compare.served_prompts(ctx)[0]] == ["a", "b"]
+    assert [m[0]["content"] for m in peer_compare.served_prompts({**ctx, "served": mtbench})[0]] == ["x", "y"]
+
+    run = tmp_path / "run"
+    (run / "drafter").mkdir(parents=True)
+    (run / "drafter" / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 2, "block_size": 8, "draft_vocab_size": None,
+        "dflash_config": {"target_layer_ids": [1, 28], "mask_token_id": 2}}))
+    assert peer_compare.our_shape(run, {"max_anchors": 16}, 150, 0)["max_length"] == 512
+    assert peer_compare.our_shape(run, {"max_anchors": 16, "max_length": 1024}, 150, 0)["max_length"] == 1024

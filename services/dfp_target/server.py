@@ -201,7 +201,10 @@ class TargetServer:
             except Exception as exc:  # noqa: BLE001
                 context.abort(grpc.StatusCode.INTERNAL, f"forward failed: {exc}")
             if segment is not None:
-                n = segment.write(offset, states)
+                try:
+                    n = segment.write(offset, states)
+                except ShmError as exc:  # mapping dropped (client died and was swept, or evicted): callers retry
+                    context.abort(grpc.StatusCode.ABORTED, str(exc))
                 yield encode_chunk(pb.HiddenStatesChunk(
                     sequence=index, dtype=dtype_name(states.dtype), shape=list(states.shape), total_bytes=n,
                     last=True, in_shm=True, shm_offset=offset))

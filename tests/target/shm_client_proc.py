@@ -19,8 +19,11 @@ async def main(port: int, shm_dir: str, count: int = 6, length: int = 39) -> Non
     client = TargetClient(f"127.0.0.1:{port}", shm_dir=shm_dir, tokens_per_call=1 << 16)
     seqs = [torch.arange(1, length + 1, dtype=torch.int32) + k for k in range(count)]
     task = asyncio.ensure_future(client.hidden_states(seqs, [1, 2]))
-    while client.stats["chunks"] == 0:
+    while client.stats["chunks"] == 0 and not task.done():
         await asyncio.sleep(0.001)
+    if client.stats["chunks"] == 0:  # the call ended before any tensor came: exit with its error, not wait forever
+        await task
+        raise SystemExit("the call ended before its first tensor arrived")
     print("owner", client._pool.owner, flush=True)
     print("segments", " ".join(client._pool.names()), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)

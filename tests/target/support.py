@@ -54,7 +54,8 @@ class ServerProcess:
         self.model_dir = model_dir
         self.args = list(args)
         self.port = port or free_port()
-        self.env = cli_env(DFLASH_LOG_JSON="false", **(env or {}))
+        # PYTHONFAULTHANDLER: a crash leaves its stack in the output
+        self.env = cli_env(**{"DFLASH_LOG_JSON": "false", "PYTHONFAULTHANDLER": "1", **(env or {})})
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -71,6 +72,10 @@ class ServerProcess:
             self.proc.kill()
             raise RuntimeError("target did not start:\n" + (self.proc.stdout.read() or "")) from None
         return self
+
+    def ended(self) -> str:
+        """How a server that exited ended, with its output (for an assertion's message)."""
+        return f"target exited with {self.proc.wait()}:\n{self.proc.stdout.read()}"
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -118,6 +118,7 @@ def test_client_killed_mid_transfer_server_frees_its_segments(tiny_qwen3_dir, sh
         assert wait_until(lambda: shm_files(shm_dir) == [], 30), shm_files(shm_dir)
         assert wait_until(lambda: server_mappings(server.proc.pid, shm_dir) == [], 30), \
             server_mappings(server.proc.pid, shm_dir)
+        assert server.proc.poll() is None, server.ended()  # the dead client's call did not take the server down
         after = TargetClient(server.address)
 
         async def still_serving():
@@ -126,7 +127,8 @@ def test_client_killed_mid_transfer_server_frees_its_segments(tiny_qwen3_dir, sh
             finally:
                 await after.close()
 
-        assert asyncio.run(still_serving())[0].shape == (5, 64) and server.proc.poll() is None
+        assert asyncio.run(still_serving())[0].shape == (5, 64)
+        assert server.proc.poll() is None, server.ended()
     finally:
         server.stop()
 

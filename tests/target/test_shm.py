@@ -71,6 +71,35 @@ def test_client_killed_mid_transfer_leaves_no_segment(qwen3_model, tiny_qwen3_di
     assert out[0].shape == (5, 64)
 
 
+def test_a_segment_dropped_mid_write_is_unmapped_only_after_the_write(shm_dir):
+    """The server's sweep drops a dead client's mapping while a call of that client may still be writing
+    into it: closing waits for the copy in flight (unmapping under it crashed the server), and the next
+    write is refused with ShmError."""
+    with shm_transport.ShmPool(shm_dir) as pool:
+        seg = pool.acquire(8 << 20)
+        cache = shm_transport.SegmentCache(shm_dir)
+        mapped = cache.open(seg.name, seg.size, seg.token)
+        states = torch.randn(2 << 20)  # 8 MB a copy: the drop below most likely lands during one
+        writes, refused = [], []
+
+        def handler():
+            while True:
+                try:
+                    writes.append(mapped.write(shm_transport.HEADER_BYTES, states))
+                except shm_transport.ShmError as exc:
+                    refused.append(str(exc))
+                    return
+
+        writer = threading.Thread(target=handler, daemon=True)
+        writer.start()
+        assert wait_until(lambda: writes, 30)
+        seg.remove_name()  # as the sweep does once the client is dead
+        cache.prune()
+        writer.join(30)
+        cache.close()
+    assert not writer.is_alive() and refused and "is no longer mapped" in refused[0], refused
+
+
 def test_sweep_removes_only_dead_owners(shm_dir):
     code = ("import sys, os, signal; from dfp_shared.hidden_states.shm_transport import ShmPool; p = ShmPool(sys.argv[1]); "
             "p.acquire(1000); p.acquire(5 << 20); print(p.owner, flush=True); os.kill(os.getpid(), signal.SIGKILL)")

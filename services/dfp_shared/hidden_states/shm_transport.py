@@ -31,6 +31,7 @@ stay in its pool and are unlinked on close.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hmac
@@ -64,13 +65,20 @@ _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NO
 
 
 class Segment:
-    """One mapped segment file (``HEADER_BYTES`` of magic and token, then tensor data)."""
+    """One mapped segment file (``HEADER_BYTES`` of magic and token, then tensor data).
+
+    A tensor from ``torch.frombuffer`` does not pin the mapping (``mmap.close`` still unmaps it), so a
+    copy through the mapping and :meth:`close` take one lock: the server's sweep may drop a dead client's
+    segment while a call of that client is still writing into it, and unmapping under the copy would
+    crash the server. Closing waits for the copy; a copy after it raises :class:`ShmError`.
+    """
 
     def __init__(self, directory: PrivateDir, name: str, fd: int, size: int, create: bool, token: bytes = b""):
         self.directory = directory
         self.path = directory.path / name
         self.name = name
         self.fd = fd
+        self._lock = threading.Lock()
         try:
             if create:
                 os.ftruncate(fd, size)
@@ -146,7 +154,8 @@ class Segment:
         n = src.numel()
         self._check_range(offset, n, f"{n} bytes")
         if n:
-            torch.frombuffer(self.mm, dtype=torch.uint8, count=n, offset=offset).copy_(src)
+            with self._mapped() as mm:
+                torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=offset).copy_(src)
         return n
 
     def view(self, offset: int, dtype: torch.dtype, shape: list[int], on_free=None) -> torch.Tensor:
@@ -180,19 +189,29 @@ class Segment:
         if numel:
             nbytes = numel * out.element_size()
             self._check_range(offset, nbytes, "tensor")
-            view = torch.frombuffer(self.mm, dtype=torch.uint8, count=nbytes, offset=offset)
-            out.view(-1).view(torch.uint8).copy_(view)
-            del view
+            with self._mapped() as mm:
+                view = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=offset)
+                out.view(-1).view(torch.uint8).copy_(view)
+                del view
         return out
 
+    @contextlib.contextmanager
+    def _mapped(self):
+        """The mapping, kept mapped while the block copies through it."""
+        with self._lock:
+            if self.fd < 0:
+                raise ShmError(f"shared-memory segment {self.name} is no longer mapped")
+            yield self.mm
+
     def close(self) -> None:
-        if self.fd < 0:
-            return
-        try:
-            self.mm.close()
-        finally:
-            os.close(self.fd)
-            self.fd = -1
+        with self._lock:
+            if self.fd < 0:
+                return
+            try:
+                self.mm.close()
+            finally:
+                os.close(self.fd)
+                self.fd = -1
 
     def remove_name(self) -> None:
         self.directory.unlink(self.name)

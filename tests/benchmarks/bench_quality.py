@@ -79,16 +79,17 @@ LEVERS.update({"v8k+labels=target_argmax": {**V8K, "labels": "target_argmax"},
                "v8k+seed=1": {**V8K, "seed": 1}, "v8k+init=unit_logits+seed=1": {**V8K, "init": "unit_logits", "seed": 1}})
 
 
-def lever_recipe(name: str) -> dict:
-    """The train-spec changes a lever name stands for: a name of :data:`LEVERS`, or ``+``-joined parts each of
-    which is one (``v8k`` for the 8,192-token draft vocabulary) or a ``field=value`` of the train spec (a number
-    where it reads as one), e.g. ``v8k+init=unit_logits+optimizer=muon``."""
-    if name in LEVERS:
-        return dict(LEVERS[name])
+def lever_recipe(name: str, levers: dict | None = None) -> dict:
+    """The train-spec changes a lever name stands for: a name of ``levers`` (default :data:`LEVERS`), or
+    ``+``-joined parts each of which is one (``v8k`` for the 8,192-token draft vocabulary) or a ``field=value`` of
+    the train spec (a number where it reads as one), e.g. ``v8k+init=unit_logits+optimizer=muon``."""
+    levers = LEVERS if levers is None else levers
+    if name in levers:
+        return dict(levers[name])
     recipe: dict = {}
     for part in name.split("+"):
-        if part in LEVERS or part == "v8k":
-            recipe.update(LEVERS.get(part, V8K))
+        if part in levers or part == "v8k":
+            recipe.update(levers.get(part, V8K))
         elif "=" in part:
             key, value = part.split("=", 1)
             try:
@@ -96,7 +97,7 @@ def lever_recipe(name: str) -> dict:
             except ValueError:
                 recipe[key] = value
         else:
-            raise ValueError(f"unknown lever {part!r} in {name!r}; choose from {list(LEVERS)} or field=value")
+            raise ValueError(f"unknown lever {part!r} in {name!r}; choose from {list(levers)} or field=value")
     return recipe
 
 

@@ -86,6 +86,12 @@ LEVERS = {
 BEST = "optimizer=muon"
 
 
+def lever_recipe(name: str) -> dict:
+    """A lever of :data:`LEVERS`, or ``+``-joined levers and train-spec ``field=value`` parts
+    (``optimizer=muon+seed=1``), as :func:`bench_quality.lever_recipe` reads them."""
+    return bench_quality.lever_recipe(name, LEVERS)
+
+
 def first_turns(prompts) -> list[dict]:
     """First user turns (system messages before them kept), deduplicated, each with a hash of its text."""
     seen, out = set(), []
@@ -277,10 +283,10 @@ def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
 
     sizes = sorted({int(n) for n in args.curve.split(",") if n})
     names = [n for n in args.curve_recipes.split(",") if n]
-    unknown = set(names) - set(LEVERS) - {"base"}
-    if unknown:
-        raise SystemExit(f"--curve-recipes: unknown {sorted(unknown)}; choose base or of {list(LEVERS)}")
-    recipes = {n: BASE_RECIPE if n == "base" else {**BASE_RECIPE, **LEVERS[n]} for n in names}
+    try:
+        recipes = {n: BASE_RECIPE if n == "base" else {**BASE_RECIPE, **lever_recipe(n)} for n in names}
+    except ValueError as exc:
+        raise SystemExit(f"--curve-recipes: {exc}") from None
     if args.peer:
         import peer_compare
 
@@ -366,7 +372,8 @@ def main() -> None:
                     help="Data-scaling mode: comma-separated numbers of ShareGPT conversations whose own first answers "
                          "are trained on (e.g. 128,256,512,1024); τ against trained tokens per recipe, fitted and "
                          "plotted. No generation runs.")
-    ap.add_argument("--curve-recipes", default="base", help="Recipes of the curve: base and levers' names, comma-separated.")
+    ap.add_argument("--curve-recipes", default="base", help="Recipes of the curve, comma-separated: base, levers' names, "
+                    "or levers and train-spec field=value parts joined by + (optimizer=muon+seed=1).")
     ap.add_argument("--curve-epochs", type=float, default=2.0, help="Passes over each size's data.")
     ap.add_argument("--curve-plot", default="tau_curve.png", help="Where the curve's plot is written (PNG).")
     ap.add_argument("--eval-batch", type=int, default=16, help="Prompts the curve's evaluations decode at once.")

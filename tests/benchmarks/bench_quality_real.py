@@ -256,10 +256,7 @@ def curve_peer(args, stages: Stages, ctx: dict, points: list[dict], recipes: dic
 
     size = max(p["conversations"] for p in points)
     last = {p["recipe"]: p for p in points if p["conversations"] == size}
-    names = [n for n in args.peer_ours.split(",") if n]
-    missing = [n for n in names if n not in last]
-    if missing:
-        raise SystemExit(f"--peer-ours: {missing} not among the curve's recipes {list(last)}")
+    names = [n for n in args.peer_ours.split(",") if n]  # run_curve checked they are curve recipes
     first = last[names[0]]
     mtbench = read_records(ctx["mtbench"])[: args.served_prompts]
     peer_ctx = {"model": ctx["model"], "dataset": first["dataset"], "dataset_key": first["dataset_key"],
@@ -310,15 +307,7 @@ def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
         else {sizes[0]}
     points = [p for size in sizes if size <= len(records) for p in curve_point(
         stages, ctx, size, records, recipes, args.curve_epochs, decode_check=size in checked)]
-    curves = {}
-    for name in names:
-        mine = [p for p in points if p["recipe"] == name]
-        fits = {key: quality_curve.fit_log([(p["trained_tokens"], p[f"tau_{key}"]) for p in mine])
-                for key in ("mtbench", "heldout")}
-        ngram = {key: sum(p[f"tau_ngram_{key}"] for p in mine) / len(mine) for key in ("mtbench", "heldout")}
-        plan = {f"{key}_{label}": quality_curve.tokens_for(fits[key], factor * ngram[key])
-                for key in ("mtbench", "heldout") for label, factor in (("1.5x_ngram", 1.5), ("2x_ngram", 2.0))}
-        curves[name] = {"points": mine, "fits": fits, "tau_ngram": ngram, "trained_tokens_for": plan}
+    curves = quality_curve.summarise(points)
     peer_entry = curve_peer(args, stages, ctx, points, recipes) if args.peer else None
     picture = quality_curve.plot(curves, Path(args.curve_plot))
     print(f"\n{'recipe':>18}  {'conv':>5}  {'trained tok':>11}  {'steps':>5}  {'MT-Bench':>8}  {'n-gram':>6}  "

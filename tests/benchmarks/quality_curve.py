@@ -108,6 +108,31 @@ def tokens_for(fit: dict | None, tau: float) -> float | None:
     return 10 ** ((tau - fit["intercept"]) / fit["slope_per_10x"])
 
 
+def summarise(points: list[dict]) -> dict:
+    """Per recipe (in the points' order): its points by size, the fitted lines for MT-Bench and the held-out slice,
+    n-gram's τ (the mean over its points) and the trained tokens each line needs for 1.5x and 2x n-gram's τ."""
+    curves = {}
+    for name in dict.fromkeys(p["recipe"] for p in points):
+        mine = sorted((p for p in points if p["recipe"] == name), key=lambda p: p["trained_tokens"])
+        fits = {key: fit_log([(p["trained_tokens"], p[f"tau_{key}"]) for p in mine]) for key in ("mtbench", "heldout")}
+        ngram = {key: sum(p[f"tau_ngram_{key}"] for p in mine) / len(mine) for key in ("mtbench", "heldout")}
+        plan = {f"{key}_{label}": tokens_for(fits[key], factor * ngram[key])
+                for key in ("mtbench", "heldout") for label, factor in (("1.5x_ngram", 1.5), ("2x_ngram", 2.0))}
+        curves[name] = {"points": mine, "fits": fits, "tau_ngram": ngram, "trained_tokens_for": plan}
+    return curves
+
+
+def merge(reports: list[dict]) -> list[dict]:
+    """The points of several curve reports (``bench_quality_real.py --curve``'s last JSON line, or a file this
+    module wrote), one per recipe and size: a later report's point replaces an earlier one's."""
+    found: dict[tuple[str, int], dict] = {}
+    for rep in reports:
+        for name, curve in rep["curves"].items():
+            for point in curve["points"]:
+                found[(name, point["conversations"])] = {**point, "recipe": name}
+    return list(found.values())
+
+
 def plot(curves: dict, out: Path) -> Path | None:
     """τ against trained tokens per recipe (MT-Bench and held-out), n-gram's τ as flat lines, the fits dashed."""
     try:
@@ -206,3 +231,39 @@ def replay_tau(model_dir: Path, drafter_dir: Path, greedy: Path, max_new_tokens:
     runs = replay_decode(drafter, target, prompts, found["outputs"], max_new_tokens=max_new_tokens,
                          stop_token_ids=stop_token_ids(tokenizer), features=features)
     return {**tau_figures(runs, drafter.config.block_size - 1), "prompts": len(runs)}
+
+
+def _report(text: str) -> dict:
+    """A curve file as written by :func:`main`, or a run's output whose last line is its report."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return json.loads(text.strip().splitlines()[-1])
+
+
+def main() -> None:
+    """Merge curve reports into one published curve (JSON and plot), fitted again over every point."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("reports", nargs="+", type=Path, help="Curve reports: the benchmark's last JSON line in a file, "
+                                                          "or a curve this command wrote; later ones win per point.")
+    ap.add_argument("--json", type=Path, required=True, help="The merged curve (points, fits, data each needs).")
+    ap.add_argument("--plot", type=Path, required=True, help="Its plot (PNG).")
+    args = ap.parse_args()
+    reports = [_report(path.read_text()) for path in args.reports]
+    curves = summarise(merge(reports))
+    keep = ("conversations", "trained_tokens", "steps", "tau_mtbench", "tau_ngram_mtbench", "tau_heldout",
+            "tau_ngram_heldout")
+    args.json.write_text(json.dumps({"curves": {n: {**c, "points": [{k: p[k] for k in keep if k in p}
+                                                                   for p in c["points"]]}
+                                                for n, c in curves.items()}}, indent=1) + "\n")
+    plot(curves, args.plot)
+    for name, c in curves.items():
+        print(f"{name}: {[(p['trained_tokens'], p['tau_mtbench'], p['tau_heldout']) for p in c['points']]}\n"
+              f"  fit MT-Bench {c['fits']['mtbench']}\n  fit held-out {c['fits']['heldout']}\n"
+              f"  trained tokens for: {c['trained_tokens_for']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -50,15 +50,19 @@ def run_process(settings: TokenizerSettings, *, idle_exit_s: float | None = None
                 w.abort.set()
             w.stopping.set()
 
+    signals = StopSignals(on_signal, signals=STOP_SIGNALS if handle_sigint else (signal.SIGTERM,))
     if threading.current_thread() is threading.main_thread():
-        StopSignals(on_signal, signals=STOP_SIGNALS if handle_sigint else (signal.SIGTERM,)).install()
-    threads = [threading.Thread(target=w.run, kwargs={"idle_exit_s": idle_exit_s}, name=f"tokenize-{slot}-{i}")
-               for i, w in enumerate(workers)]
-    for t in threads:
-        t.start()
-    while any(t.is_alive() for t in threads):
+        signals.install()  # given back on return: the caller's process may go on
+    try:
+        threads = [threading.Thread(target=w.run, kwargs={"idle_exit_s": idle_exit_s}, name=f"tokenize-{slot}-{i}")
+                   for i, w in enumerate(workers)]
         for t in threads:
-            t.join(0.2)
+            t.start()
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(0.2)
+    finally:
+        signals.restore()
     log.info("tokenizer process exiting", extra={"slot": slot, "tasks": sum(w.tasks_done for w in workers)})
     return sum(w.tasks_done for w in workers)
 
@@ -125,7 +129,10 @@ class Pool:
                         os.kill(p.pid, signal.SIGKILL)
             self.stop()
 
-        StopSignals(on_signal).install()
+        with StopSignals(on_signal):  # the caller's handlers come back when the pool is done
+            return self._watch(tick, tick_s)
+
+    def _watch(self, tick: Callable[[], bool] | None, tick_s: float) -> int:
         for slot in range(self.processes):
             self._start(slot)
         while self.children:

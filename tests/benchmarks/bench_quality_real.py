@@ -317,8 +317,10 @@ def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
               f"{p['tau_mtbench']:8.3f}  {p['tau_ngram_mtbench']:6.3f}  {p['tau_heldout']:8.3f}  "
               f"{p['tau_ngram_heldout']:6.3f}  {p['position_acceptance_mtbench']}")
     for name, c in curves.items():
-        print(f"{name}: fit MT-Bench {c['fits']['mtbench']}, held-out {c['fits']['heldout']}; trained tokens the "
-              f"fit needs: {c['trained_tokens_for']}")
+        for label in ("", "_local"):
+            if f"fits{label}" in c:
+                print(f"{name}: fit{label} MT-Bench {c[f'fits{label}']['mtbench']}, held-out "
+                      f"{c[f'fits{label}']['heldout']}; trained tokens it needs: {c[f'trained_tokens_for{label}']}")
     print(f"plot: {picture}; stage wall times (s): {stages.times}")
     best = max(curves, key=lambda n: curves[n]["points"][-1]["tau_mtbench"])
     last = curves[best]["points"][-1]
@@ -329,7 +331,8 @@ def run_curve(args, stages: Stages, ctx: dict, prompts: dict) -> None:
            curves={n: {"points": [{k: p[k] for k in ("conversations", "trained_tokens", "steps", "tau_mtbench",
                                                      "tau_ngram_mtbench", "tau_heldout", "tau_ngram_heldout",
                                                      "decode_check", "train_seconds", "eval_seconds") if k in p}
-                                  for p in c["points"]], "fits": c["fits"], "trained_tokens_for": c["trained_tokens_for"]}
+                                  for p in c["points"]],
+                       **{k: v for k, v in c.items() if k.startswith(("fits", "trained_tokens_for"))}}
                    for n, c in curves.items()}, stage_seconds=stages.times, plot=str(picture) if picture else None,
            **({"peer": peer_entry} if peer_entry else {}))
 

@@ -108,17 +108,27 @@ def tokens_for(fit: dict | None, tau: float) -> float | None:
     return 10 ** ((tau - fit["intercept"]) / fit["slope_per_10x"])
 
 
+LOCAL_POINTS = 3  # the largest sizes a curve's local line is fitted through: what the next 10x of data buys
+
+
 def summarise(points: list[dict]) -> dict:
-    """Per recipe (in the points' order): its points by size, the fitted lines for MT-Bench and the held-out slice,
-    n-gram's τ (the mean over its points) and the trained tokens each line needs for 1.5x and 2x n-gram's τ."""
+    """Per recipe (in the points' order): its points by size; a line fitted through all of them and one through the
+    largest ``LOCAL_POINTS`` (``fits_local``, where the curve has more: it bends as the first positions get right),
+    each for MT-Bench and the held-out slice; n-gram's τ (the mean over its points); and the trained tokens each
+    line needs for 1x, 1.5x and 2x n-gram's τ."""
     curves = {}
     for name in dict.fromkeys(p["recipe"] for p in points):
         mine = sorted((p for p in points if p["recipe"] == name), key=lambda p: p["trained_tokens"])
-        fits = {key: fit_log([(p["trained_tokens"], p[f"tau_{key}"]) for p in mine]) for key in ("mtbench", "heldout")}
         ngram = {key: sum(p[f"tau_ngram_{key}"] for p in mine) / len(mine) for key in ("mtbench", "heldout")}
-        plan = {f"{key}_{label}": tokens_for(fits[key], factor * ngram[key])
-                for key in ("mtbench", "heldout") for label, factor in (("1.5x_ngram", 1.5), ("2x_ngram", 2.0))}
-        curves[name] = {"points": mine, "fits": fits, "tau_ngram": ngram, "trained_tokens_for": plan}
+        curves[name] = {"points": mine, "tau_ngram": ngram}
+        for label, some in (("", mine), ("_local", mine[-LOCAL_POINTS:] if len(mine) > LOCAL_POINTS else None)):
+            if some is None:
+                continue
+            fits = {key: fit_log([(p["trained_tokens"], p[f"tau_{key}"]) for p in some]) for key in ("mtbench", "heldout")}
+            curves[name][f"fits{label}"] = fits
+            curves[name][f"trained_tokens_for{label}"] = {
+                f"{key}_{times}_ngram": tokens_for(fits[key], factor * ngram[key])
+                for key in ("mtbench", "heldout") for times, factor in (("1x", 1.0), ("1.5x", 1.5), ("2x", 2.0))}
     return curves
 
 
@@ -150,11 +160,12 @@ def plot(curves: dict, out: Path) -> Path | None:
             if not pts:
                 continue
             line, = ax.plot([t for t, _ in pts], [v for _, v in pts], "o-", label=name)
-            fit = curve["fits"].get(key)
-            if fit:
-                xs = [min(t for t, _ in pts), max(t for t, _ in pts) * 4]
-                ax.plot(xs, [fit["intercept"] + fit["slope_per_10x"] * math.log10(x) for x in xs], "--",
-                        color=line.get_color(), alpha=0.6)
+            for fits, style, start in ((curve["fits"], "--", 0), (curve.get("fits_local"), ":", -LOCAL_POINTS)):
+                fit = (fits or {}).get(key)
+                if fit:
+                    xs = [pts[start][0], max(t for t, _ in pts) * 4]
+                    ax.plot(xs, [fit["intercept"] + fit["slope_per_10x"] * math.log10(x) for x in xs], style,
+                            color=line.get_color(), alpha=0.6)
             ngram += [p[f"tau_ngram_{key}"] for p in curve["points"] if p.get(f"tau_ngram_{key}") is not None]
         if ngram:
             level = sum(ngram) / len(ngram)
@@ -260,9 +271,11 @@ def main() -> None:
                                                 for n, c in curves.items()}}, indent=1) + "\n")
     plot(curves, args.plot)
     for name, c in curves.items():
-        print(f"{name}: {[(p['trained_tokens'], p['tau_mtbench'], p['tau_heldout']) for p in c['points']]}\n"
-              f"  fit MT-Bench {c['fits']['mtbench']}\n  fit held-out {c['fits']['heldout']}\n"
-              f"  trained tokens for: {c['trained_tokens_for']}")
+        print(f"{name}: {[(p['trained_tokens'], p['tau_mtbench'], p['tau_heldout']) for p in c['points']]}")
+        for label in ("", "_local"):
+            if f"fits{label}" in c:
+                print(f"  fit{label} MT-Bench {c[f'fits{label}']['mtbench']}\n  fit{label} held-out "
+                      f"{c[f'fits{label}']['heldout']}\n  trained tokens for{label}: {c[f'trained_tokens_for{label}']}")
 
 
 if __name__ == "__main__":

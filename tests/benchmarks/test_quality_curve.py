@@ -41,6 +41,19 @@ def test_summarise_fits_each_recipe_over_its_own_points_in_size_order():
     # 2x n-gram (2.6) on a line 0.7 + 0.1 log10(tokens): 10^19 tokens; a flat line predicts nothing
     assert math.log10(curves["muon"]["trained_tokens_for"]["mtbench_2x_ngram"]) == pytest.approx(19.0)
     assert curves["base"]["trained_tokens_for"]["mtbench_2x_ngram"] is None
+    assert "fits_local" not in curves["muon"]  # two points: the whole curve is its own local line
+
+
+def test_the_local_line_follows_the_largest_sizes_where_the_curve_bends():
+    # flat over the small sizes, then 0.2 per 10x: the whole-curve line is shallower than the local one
+    taus = {1e3: 1.0, 1e4: 1.0, 1e5: 1.1, 1e6: 1.3, 1e7: 1.5}
+    curves = quality_curve.summarise([_point("muon", int(t), t, tau, tau) for t, tau in taus.items()])
+    local = curves["muon"]["fits_local"]["mtbench"]
+    assert local["slope_per_10x"] == pytest.approx(0.2)
+    assert curves["muon"]["fits"]["mtbench"]["slope_per_10x"] < 0.15
+    # n-gram's τ 1.3 is the point at 10^6; 1.5x (1.95) is 3.25 decades on along the local line
+    assert curves["muon"]["trained_tokens_for_local"]["mtbench_1x_ngram"] == pytest.approx(1e6)
+    assert math.log10(curves["muon"]["trained_tokens_for_local"]["mtbench_1.5x_ngram"]) == pytest.approx(9.25)
 
 
 def test_later_reports_replace_a_point_and_add_sizes(tmp_path):

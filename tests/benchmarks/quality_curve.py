@@ -245,11 +245,15 @@ def replay_tau(model_dir: Path, drafter_dir: Path, greedy: Path, max_new_tokens:
 
 
 def _report(text: str) -> dict:
-    """A curve file as written by :func:`main`, or a run's output whose last line is its report."""
+    """A curve file as written by :func:`main`, or a run's output: its last line that is a curve report."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return json.loads(text.strip().splitlines()[-1])
+        pass
+    for line in reversed(text.splitlines()):
+        if line.startswith("{") and '"curves"' in line:
+            return json.loads(line)
+    raise ValueError("no curve report in it (a JSON line with its curves)")
 
 
 def main() -> None:
@@ -262,11 +266,14 @@ def main() -> None:
     ap.add_argument("--json", type=Path, required=True, help="The merged curve (points, fits, data each needs).")
     ap.add_argument("--plot", type=Path, required=True, help="Its plot (PNG).")
     args = ap.parse_args()
-    reports = [_report(path.read_text()) for path in args.reports]
+    try:
+        reports = [_report(path.read_text()) for path in args.reports]
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"curve reports: {exc}") from None
     curves = summarise(merge(reports))
     keep = ("conversations", "trained_tokens", "steps", "tau_mtbench", "tau_ngram_mtbench", "tau_heldout",
             "tau_ngram_heldout")
-    args.json.write_text(json.dumps({"curves": {n: {**c, "points": [{k: p[k] for k in keep if k in p}
+    args.json.write_text(json.dumps({"curves": {n: {**c, "points": [{k: round(p[k], 4) for k in keep if k in p}
                                                                    for p in c["points"]]}
                                                 for n, c in curves.items()}}, indent=1) + "\n")
     plot(curves, args.plot)

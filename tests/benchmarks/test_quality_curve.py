@@ -65,7 +65,7 @@ def test_later_reports_replace_a_point_and_add_sizes(tmp_path):
 
     first, second = tmp_path / "earlier.json", tmp_path / "run.log"
     first.write_text(json.dumps(earlier, indent=1))  # a published curve: the whole file
-    second.write_text("progress lines first\n" + json.dumps(later) + "\n")  # a run's output: its last line counts
+    second.write_text("progress lines first\n" + json.dumps(later) + "\nexit 0\n")  # a run's output: its report line
     out, picture = tmp_path / "curve.json", tmp_path / "curve.png"
     subprocess.run([sys.executable, str(Path(quality_curve.__file__)), str(first), str(second), "--json", str(out),
                     "--plot", str(picture)], check=True, capture_output=True)

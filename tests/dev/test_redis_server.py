@@ -1,0 +1,45 @@
+"""The private redis-server (tests, the demo) on a port another process holds: a port it chose moves to a free one;
+a port it was given fails at once with redis' own reason, not after a long wait on a server that already exited."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from dfp_dev.local import redis_server as module
+from dfp_dev.local.redis_server import RedisServer, free_port
+
+
+@pytest.fixture
+def held_port():
+    """A loopback port bound by a plain (not listening) socket, as a client connection's local port is."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
+def test_a_chosen_port_taken_before_redis_binds_it_moves_to_a_free_one(held_port, monkeypatch, tmp_path):
+    ports = iter([held_port])
+    monkeypatch.setattr(module, "free_port", lambda: next(ports, None) or free_port())
+    server = RedisServer(data_dir=str(tmp_path)).start()
+    try:
+        assert server.port != held_port
+        assert server.client().ping()
+        assert "Address already in use" in server.log_path.read_text()
+    finally:
+        server.stop()
+
+
+def test_a_given_port_that_is_taken_fails_at_once_naming_the_reason(held_port, tmp_path):
+    with pytest.raises(RuntimeError, match=rf"(?s)exited .* before listening on 127.0.0.1:{held_port}.*in use"):
+        RedisServer(port=held_port, data_dir=str(tmp_path)).start()
+
+
+def test_a_restart_keeps_the_port_its_clients_know(tmp_path):
+    server = RedisServer(data_dir=str(tmp_path)).start()
+    try:
+        port = server.port
+        server.restart()
+        assert server.port == port and server.client().ping()
+    finally:
+        server.stop()

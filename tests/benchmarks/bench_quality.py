@@ -81,13 +81,15 @@ LEVERS.update({"v8k+labels=target_argmax": {**V8K, "labels": "target_argmax"},
 
 def lever_recipe(name: str, levers: dict | None = None) -> dict:
     """The train-spec changes a lever name stands for: a name of ``levers`` (default :data:`LEVERS`), or
-    ``+``-joined parts each of which is one (``v8k`` for the 8,192-token draft vocabulary) or a ``field=value`` of
-    the train spec (a number where it reads as one), e.g. ``v8k+init=unit_logits+optimizer=muon``."""
+    ``+``-joined parts each of which is one (``v8k`` for the 8,192-token draft vocabulary; a lever whose own name
+    holds ``+`` counts as one part) or a ``field=value`` of the train spec (a number where it reads as one), e.g.
+    ``v8k+init=unit_logits+optimizer=muon`` or ``muon+family=dspark+seed=1``."""
     levers = LEVERS if levers is None else levers
-    if name in levers:
-        return dict(levers[name])
-    recipe: dict = {}
-    for part in name.split("+"):
+    parts, recipe, at = name.split("+"), {}, 0
+    while at < len(parts):
+        # the longest run of parts from here that names a lever, else this part alone
+        end = next((j for j in range(len(parts), at, -1) if "+".join(parts[at:j]) in levers), at + 1)
+        part = "+".join(parts[at:end])
         if part in levers or part == "v8k":
             recipe.update(levers.get(part, V8K))
         elif "=" in part:
@@ -98,6 +100,7 @@ def lever_recipe(name: str, levers: dict | None = None) -> dict:
                 recipe[key] = value
         else:
             raise ValueError(f"unknown lever {part!r} in {name!r}; choose from {list(levers)} or field=value")
+        at = end
     return recipe
 
 

@@ -24,5 +24,9 @@ def test_the_real_target_reads_its_own_levers():
     assert bench_quality_real.lever_recipe("muon+family=dflash2") == {"optimizer": "muon", "family": "dflash2"}
     assert bench_quality_real.lever_recipe("optimizer=muon+seed=1") == {"optimizer": "muon", "seed": 1}
     assert bench_quality_real.lever_recipe("layers=3+muon_lr=0.01") == {"num_draft_layers": 3, "muon_lr": 0.01}
+    assert bench_quality_real.lever_recipe("muon+family=dspark+seed=1") == {
+        "optimizer": "muon", "family": "dspark", "seed": 1}
+    assert bench_quality_real.lever_recipe("muon+init=unit_logits+labels=target_argmax+seed=2") == {
+        **bench_quality_real.LEVERS["muon+init=unit_logits+labels=target_argmax"], "seed": 2}
     with pytest.raises(ValueError, match="unknown lever 'layers'"):
         bench_quality_real.lever_recipe("layers+seed=1")

@@ -1,5 +1,6 @@
 """The private redis-server (tests, the demo) on a port another process holds: a port it chose moves to a free one;
-a port it was given fails at once with redis' own reason, not after a long wait on a server that already exited."""
+a port it was given fails at once with redis' own reason, not after a long wait on a server that already exited;
+another redis-server already listening there is never taken for its own."""
 
 from __future__ import annotations
 
@@ -43,3 +44,33 @@ def test_a_restart_keeps_the_port_its_clients_know(tmp_path):
         assert server.port == port and server.client().ping()
     finally:
         server.stop()
+
+
+@pytest.fixture
+def other_server(tmp_path):
+    server = RedisServer(data_dir=str(tmp_path / "other")).start()
+    yield server
+    server.stop()
+
+
+def own_pid(server: RedisServer) -> int:
+    return int(server.client().info("server")["process_id"])
+
+
+def test_a_chosen_port_where_another_redis_listens_moves_to_a_free_one(other_server, monkeypatch, tmp_path):
+    ports = iter([other_server.port])
+    monkeypatch.setattr(module, "free_port", lambda: next(ports, None) or free_port())
+    server = RedisServer(data_dir=str(tmp_path / "mine")).start()
+    try:
+        assert server.port != other_server.port
+        assert own_pid(server) == server.proc.pid
+        assert own_pid(other_server) == other_server.proc.pid
+    finally:
+        server.stop()
+
+
+def test_a_given_port_where_another_redis_listens_fails_naming_it(other_server, tmp_path):
+    with pytest.raises(RuntimeError, match=rf"127.0.0.1:{other_server.port} .*another redis-server \(pid "
+                                           rf"{other_server.proc.pid}\)"):
+        RedisServer(port=other_server.port, data_dir=str(tmp_path / "mine")).start()
+    assert other_server.client().ping()

@@ -78,6 +78,7 @@ class RedisServer:
             self._spawn()
             try:
                 wait_for_port(self.port, process=self.proc)
+                self._wait_until_loaded()
                 break
             except ExitedBeforeListening as e:
                 reason = f"redis-server {e}: {self.log_path.read_text(errors='replace')[-1000:].strip()}"
@@ -85,7 +86,6 @@ class RedisServer:
                     raise RuntimeError(reason) from None
                 self.port = free_port()
         self.port_chosen = False  # clients know the port now: a restart keeps it
-        self._wait_until_loaded()
         return self
 
     def _spawn(self) -> None:
@@ -99,16 +99,25 @@ class RedisServer:
                                          preexec_fn=die_with_parent if sys.platform == "linux" else None)
 
     def _wait_until_loaded(self) -> None:
+        """Wait until the server answers, and check it is this one: another redis-server already listening on the
+        port answers too while this process fails to bind it."""
         client = redis.Redis(port=self.port)
         deadline = time.monotonic() + 20
         while True:
             try:
-                client.ping()
+                client.ping()  # refused while the data loads, unlike INFO
                 break
             except redis.exceptions.BusyLoadingError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+        pid = int(client.info("server")["process_id"])
+        if pid != self.proc.pid:
+            try:
+                self.proc.wait(10)  # it cannot bind a port another server holds
+            except subprocess.TimeoutExpired:
+                self.kill()
+            raise ExitedBeforeListening(f"found 127.0.0.1:{self.port} held by another redis-server (pid {pid})")
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TypeVar, get_args
 
-from pydantic import Field, SecretBytes, SecretStr, ValidationError
+from pydantic import Field, SecretBytes, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -45,6 +45,10 @@ class CommonSettings(BaseSettings):
     allowed_prefixes: str = Field(
         "", description="More storage prefixes jobs may read and write besides storage_url, comma-separated "
                         "(file:///dir, s3://bucket/prefix); every URI in a job spec must lie inside one of them.")
+    reserved_prefixes: str = Field(
+        "", description="Storage prefixes kept for one principal's jobs, a JSON object of prefix -> API key name "
+                        "(\"\": no job's): no other principal's job may read or write inside one "
+                        "(e.g. {\"s3://bucket/served\": \"adapt\", \"s3://bucket/capture\": \"\"}).")
     s3_endpoint_url: str | None = Field(
         None, description="S3-compatible endpoint URL (MinIO, moto, ...); unset means AWS."
     )
@@ -52,6 +56,14 @@ class CommonSettings(BaseSettings):
     log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="Log level: DEBUG, INFO, WARNING or ERROR.")
     log_json: bool = Field(True, description="Structured JSON logs (false: human-readable lines).")
     metrics_port: int = Field(0, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint; 0 disables it.")
+
+    @field_validator("reserved_prefixes")
+    @classmethod
+    def _reservations(cls, value: str) -> str:
+        from .storage_roots import parse_reservations
+
+        parse_reservations(value)
+        return value
 
 
 S = TypeVar("S", bound=BaseSettings)

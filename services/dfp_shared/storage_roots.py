@@ -6,12 +6,19 @@ accepts a job, and every worker checks them again before any I/O (a task in Redi
 anyone who can write to Redis). URIs are compared in their canonical form (:mod:`.storage_uris`);
 local paths also after resolving symlinks, so a link inside a root that points out of it does not
 count as inside.
+
+Inside the roots the operator may keep prefixes for one principal's jobs (``DFLASH_RESERVED_PREFIXES``:
+the served drafters and the adaptation runs, kept for the adaptation loop's key) or for none (the captured
+traffic, which the loop reads with its own credentials): no other principal's job may name a URI inside
+such a prefix, or one that holds it, to read or to write.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 
 from .storage_uris import OutsideRoots, canonical_uri, uri_scheme
 
@@ -41,6 +48,34 @@ def parent_prefix(uri: str) -> str:
     return head if head not in ("file:/", "s3:/") else canonical
 
 
+PRINCIPAL_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+"""What an API key entry's ``name`` (the principal owning its jobs) may be."""
+
+
+def parse_reservations(value: str | Mapping | None) -> dict[str, str | None]:
+    """``DFLASH_RESERVED_PREFIXES``: a JSON object of storage prefix -> principal name ("" or null: no job's),
+    each prefix in canonical form. Raises ValueError naming what is wrong."""
+    if not value:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError("expected a JSON object of storage prefix -> principal name") from None
+    if not isinstance(value, Mapping):
+        raise ValueError("expected a JSON object of storage prefix -> principal name")
+    reserved = {}
+    for prefix, principal in value.items():
+        if principal not in (None, "") and not (isinstance(principal, str) and PRINCIPAL_NAME.match(principal)):
+            raise ValueError(f"{prefix}: the principal must be an API key's name ([A-Za-z0-9_.@-], at most 64) or "
+                             f"empty for no job's, got {principal!r}")
+        try:
+            reserved[_operator_root(prefix)] = principal or None
+        except OutsideRoots as exc:
+            raise ValueError(f"reserved prefix {prefix}: {exc}") from None
+    return reserved
+
+
 def parse_prefixes(value: str | Sequence[str] | None) -> list[str]:
     """``DFLASH_ALLOWED_PREFIXES``: a comma-separated list (or a list) of ``file://`` / ``s3://`` prefixes."""
     if not value:
@@ -52,15 +87,17 @@ def parse_prefixes(value: str | Sequence[str] | None) -> list[str]:
 class StorageRoots:
     """The roots a job may read and write: the storage root first, then the allowed prefixes."""
 
-    def __init__(self, roots: Iterable[str]):
+    def __init__(self, roots: Iterable[str], reserved: Mapping[str, str | None] | None = None):
         self.roots = list(dict.fromkeys(_operator_root(r) for r in roots))
         if not self.roots:
             raise ValueError("no storage root configured")
+        self.reserved = parse_reservations(reserved)
 
     @classmethod
     def from_settings(cls, settings) -> StorageRoots:
         """From a service's settings (:class:`~dfp_shared.config.CommonSettings`)."""
-        return cls([settings.storage_url, *parse_prefixes(settings.allowed_prefixes)])
+        return cls([settings.storage_url, *parse_prefixes(settings.allowed_prefixes)],
+                   parse_reservations(getattr(settings, "reserved_prefixes", "")))
 
     @property
     def default(self) -> str:
@@ -108,6 +145,33 @@ class StorageRoots:
 
     def check_spec(self, job_type: str, spec, prefix: str = "spec") -> None:
         """Check every storage URI of a job spec (a model or its dict; pipelines stage by stage)."""
+        for field, uri in self._spec_uris(job_type, spec, prefix):
+            if field.endswith(".output") and uri is None:
+                raise OutsideRoots(f"{field}: unset (jobs get a per-job prefix when they are submitted)")
+            if uri is not None:
+                self.check(uri, field)
+
+    def check_reservations(self, job_type: str, spec, owner: str | None, prefix: str = "spec") -> None:
+        """Refuse a spec of ``owner``'s (None: the anonymous principal's) that names a URI inside a reserved prefix
+        kept for another principal or for none, or a URI that holds one."""
+        if not self.reserved:
+            return
+        owner = owner or "anonymous"
+        for field, uri in self._spec_uris(job_type, spec, prefix):
+            if uri is None:
+                continue
+            canonical = self._canonical(uri, field).rstrip("/")
+            forms = {canonical, "file://" + os.path.realpath(canonical[len("file://"):])} \
+                if canonical.startswith("file://") else {canonical}
+            for kept, principal in self.reserved.items():
+                if principal != owner and any(_within(f, kept) or _within(kept, f) for f in forms):
+                    whose = f"kept for the jobs of {principal!r}" if principal else "which no job may read or write"
+                    raise OutsideRoots(f"{field}: {uri} is or holds {kept}/, {whose}")
+
+    @staticmethod
+    def _spec_uris(job_type: str, spec, prefix: str):
+        """(field, URI or None) for every storage field of a job spec (a model or its dict; pipelines stage by
+        stage); ``output`` always, even unset."""
         from .job_types import JOB_TYPES, PIPELINE
         from .specs import PipelineSpec
         from .specs._common import storage_fields
@@ -115,17 +179,16 @@ class StorageRoots:
         data = spec.model_dump() if hasattr(spec, "model_dump") else dict(spec)
         if job_type == PIPELINE.name:
             for stage in PipelineSpec.stages_of(data):
-                self.check_spec(stage, data.get(stage) or {}, f"{prefix}.{stage}")
+                yield from StorageRoots._spec_uris(stage, data.get(stage) or {}, f"{prefix}.{stage}")
             return
-        if data.get("output") is None:
-            raise OutsideRoots(f"{prefix}.output: unset (jobs get a per-job prefix when they are submitted)")
+        yield f"{prefix}.output", data.get("output")
         for name in storage_fields(JOB_TYPES[job_type].spec):
             value = data.get(name)
             if isinstance(value, list):  # a list of URIs (an evaluate job's prompt sets)
                 for i, item in enumerate(value):
-                    self.check(item, f"{prefix}.{name}.{i}")
-            elif value is not None:
-                self.check(value, f"{prefix}.{name}")
+                    yield f"{prefix}.{name}.{i}", item
+            elif value is not None and name != "output":
+                yield f"{prefix}.{name}", value
 
     def check_inside(self, uri: str, prefix: str, field: str) -> str:
         """``uri`` checked against the roots and also lying under ``prefix`` (e.g. a task's file under the

@@ -57,6 +57,7 @@ def queue_job(r: redis.Redis, type_name: str, spec: dict, *, idempotency_key: st
     if roots is not None:
         spec = with_default_outputs(type_name, spec, roots, job_id)
         roots.check_spec(type_name, spec)
+        roots.check_reservations(type_name, spec, owner)
     jobs = JobStore(r)
     job, created = jobs.create(type_name, spec, job_id=job_id, idempotency_key=idempotency_key, parent_id=parent_id,
                                stage=stage, primary_unit=kind.primary_unit, owner=owner)

@@ -139,6 +139,7 @@ class JobHandler:
             finish_job(ctx.jobs.r, task.job_id, JobState.failed, error=f"invalid {kind.name} spec: {exc}")
             return False
         self.roots.check_spec(kind.name, spec)
+        self.roots.check_reservations(kind.name, spec, job.owner)
         self.confine_task(task, spec)
         self.claims.claim(spec.output, job.owner, task.job_id, parent_id=job.parent_id)
         ctx.job, ctx.job_type, ctx.spec = job, kind, spec

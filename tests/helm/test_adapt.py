@@ -77,7 +77,7 @@ def test_values_become_the_settings_the_run_reads(enabled, monkeypatch, tmp_path
         if name.startswith("DFLASH_"):
             monkeypatch.setenv(name, value)
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
-    assert refs["DFLASH_API_KEY"] == {"name": "dflash-api-keys", "key": "admin-key"}
+    assert refs["DFLASH_API_KEY"] == {"name": "dflash-api-keys", "key": "adapt-key"}
     assert refs["AWS_ACCESS_KEY_ID"]["name"] == "s3-keys"
     monkeypatch.setenv("DFLASH_API_KEY", "dfp_key")
     spec_file = tmp_path / "spec.json"
@@ -139,3 +139,48 @@ def test_default_settings_match_the_run_defaults(monkeypatch):
     for field in ("adapt_name", "adapt_window_hours", "adapt_heldout_share", "adapt_regenerate", "adapt_threshold",
                   "adapt_z"):
         assert getattr(settings, field) == fields[field].default, field
+
+
+def _secret(objects: list[dict]) -> dict[str, str]:
+    import base64
+
+    secret = next(o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "dflash-api-keys")
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+def test_the_loop_runs_with_a_key_of_its_own_that_is_not_admin(enabled):
+    import hashlib
+
+    data = _secret(enabled)
+    entries = {e["name"]: e for e in json.loads(data["api-keys"])}
+    assert entries["adapt"]["scopes"] == ["read", "write"]
+    assert entries["adapt"]["sha256"] == hashlib.sha256(data["adapt-key"].encode()).hexdigest()
+    assert data["adapt-key"] != data["admin-key"] and entries["admin"]["scopes"] == ["read", "write", "admin"]
+    assert "adapt-key" not in _secret(render_objects({}))  # no loop, no key for it
+    (c,) = _adapt(enabled, "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    names = {e["name"] for e in c["env"]}
+    assert "DFLASH_REDIS_PASSWORD" not in names and "DFLASH_REDIS_URL" not in names  # it never talks to Redis
+
+
+def test_the_loop_s_prefixes_are_kept_for_its_key_and_the_traffic_for_none(enabled, monkeypatch):
+    from dfp_api.settings import ApiSettings
+    from dfp_shared.storage_roots import StorageRoots
+
+    config = next(o for o in enabled if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "dflash-config")
+    assert json.loads(config["data"]["DFLASH_RESERVED_PREFIXES"]) == {
+        "s3://dflash-pipeline/data/serving": "adapt", "s3://dflash-pipeline/data/adapt": "adapt",
+        "s3://dflash-pipeline/data/traffic": ""}
+    for name, value in config["data"].items():
+        monkeypatch.setenv(name, value)
+    roots = StorageRoots.from_settings(ApiSettings(auth_disabled=True))
+    assert roots.reserved["s3://dflash-pipeline/data/traffic"] is None
+    # the operator's own reservations join them; with neither the loop nor the capture on, none by default
+    objects = render_objects({"adapt": {"enabled": True, "principal": "loop"},
+                              "storage": {"reservedPrefixes": {"s3://dflash-pipeline/data/eval": "qa"}}})
+    config = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "dflash-config")
+    assert json.loads(config["data"]["DFLASH_RESERVED_PREFIXES"]) == {
+        "s3://dflash-pipeline/data/served": "loop", "s3://dflash-pipeline/data/adapt": "loop",
+        "s3://dflash-pipeline/data/capture": "", "s3://dflash-pipeline/data/eval": "qa"}
+    assert json.loads(_secret(objects)["api-keys"])[1]["name"] == "loop"
+    config = next(o for o in render_objects({}) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "dflash-config")
+    assert "DFLASH_RESERVED_PREFIXES" not in config["data"]

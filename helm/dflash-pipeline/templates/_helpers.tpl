@@ -110,6 +110,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 - name: DFLASH_REDIS_URL
   value: {{ include "dflash.redisUrl" . | quote }}
+{{- include "dflash.storageSecretEnv" . }}
+{{- end -}}
+
+{{/* dflash.storageSecretEnv: the object store's credentials alone (a pod that never talks to Redis). */}}
+{{- define "dflash.storageSecretEnv" -}}
 {{- if .Values.storage.s3.existingSecret }}
 - name: AWS_ACCESS_KEY_ID
   valueFrom:
@@ -429,4 +434,25 @@ auto
 {{- else -}}
 {{- max 1 (ceil ($cpu | float64)) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* dflash.reservedPrefixes: DFLASH_RESERVED_PREFIXES, a JSON object of prefix -> principal ("" for no job's), or
+     nothing when no prefix is kept: the captured traffic for no job (the loop reads it with its own credentials),
+     the served drafters and the loop's runs for the loop's key, and the operator's own. */}}
+{{- define "dflash.reservedPrefixes" -}}
+{{- $url := trimSuffix "/" .Values.storage.url }}
+{{- $kept := dict }}
+{{- if .Values.capture.enabled }}
+{{- $_ := set $kept (trimSuffix "/" (.Values.capture.prefix | default (printf "%s/capture" $url))) "" }}
+{{- end }}
+{{- if .Values.adapt.enabled }}
+{{- $v := .Values.adapt }}
+{{- $_ := set $kept (trimSuffix "/" ($v.capturePrefix | default .Values.capture.prefix | default (printf "%s/capture" $url))) "" }}
+{{- $_ := set $kept (trimSuffix "/" ($v.served | default (printf "%s/served" $url))) $v.principal }}
+{{- $_ := set $kept (trimSuffix "/" ($v.runs | default (printf "%s/adapt" $url))) $v.principal }}
+{{- end }}
+{{- range $prefix, $principal := .Values.storage.reservedPrefixes }}
+{{- $_ := set $kept (trimSuffix "/" $prefix) ($principal | default "") }}
+{{- end }}
+{{- if $kept }}{{ toJson $kept }}{{ end }}
 {{- end -}}

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from dfp_shared.capture_source import prepare_source, window
-from dfp_shared.ownership import OutputClaims
+from dfp_shared.ownership import MARKER, OutputClaims
 from dfp_shared.promotion import ServedDrafters
 from dfp_shared.promotion_rule import decide, paired
 from dfp_shared.storage import open_store, split_uri, visible
@@ -96,7 +97,7 @@ def plan_run(settings: AdaptSettings, stages: dict, owner: str, now: datetime | 
         raise AdaptError(f"adapt spec: unknown stages {sorted(unknown)}; expected some of {list(STAGE_FIELDS)}")
     capture = roots.check(settings.capture(), "adapt capture prefix")
     served = roots.check(settings.served(), "adapt served location")
-    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%S")
+    stamp = (now or datetime.now(timezone.utc)).strftime(RUN_STAMP)
     run = roots.check(f"{settings.runs().rstrip('/')}/{settings.adapt_name}/{stamp}/", "adapt runs prefix")
     roots.check_explicit_output(run, "adapt runs prefix")
     drafters = ServedDrafters(served, settings.adapt_name, settings.s3_endpoint_url)
@@ -104,6 +105,33 @@ def plan_run(settings: AdaptSettings, stages: dict, owner: str, now: datetime | 
     claims.claim(drafters.uri, owner, f"adapt-{stamp}", "adapt served location")
     claims.claim(run, owner, f"adapt-{stamp}", "adapt runs prefix")
     return RunPlan(capture, run, drafters, stages, roots)
+
+
+RUN_STAMP = "%Y%m%dT%H%M%S"
+_RUN_STAMP_RE = re.compile(r"^\d{8}T\d{6}$")
+
+
+def sweep_old_runs(runs: str, retention_hours: float, now: datetime, endpoint_url: str | None = None) -> list[str]:
+    """Delete the runs under ``runs`` (``<runs>/<name>/``) that started more than ``retention_hours`` before
+    ``now``, whole: their data are copies of captured traffic, kept no longer than the traffic itself (promoted
+    drafters live on under the served store, the evidence in its history). Returns the deleted runs' stamps."""
+    store = open_store(runs, endpoint_url=endpoint_url)
+    cutoff = now - timedelta(hours=retention_hours)
+    keys: dict[str, list[str]] = {}
+    for key in store.list(""):
+        stamp, _, rest = key.partition("/")
+        if rest and _RUN_STAMP_RE.match(stamp):
+            keys.setdefault(stamp, []).append(key)
+    swept = []
+    for stamp, run_keys in sorted(keys.items()):
+        if datetime.strptime(stamp, RUN_STAMP).replace(tzinfo=timezone.utc) >= cutoff:
+            continue
+        folders = {stamp} | {k.rpartition("/")[0] for k in run_keys}
+        for key in run_keys + [f"{folder}/{MARKER}" for folder in sorted(folders)]:
+            store.delete(key)
+        swept.append(stamp)
+        log.info("adapt run swept", extra={"run": f"{runs.rstrip('/')}/{stamp}/", "objects": len(run_keys)})
+    return swept
 
 
 def _copy_completions(completions: str, data: str, endpoint_url: str | None) -> int:
@@ -153,6 +181,8 @@ def adapt_once(jobs: JobsApi, settings: AdaptSettings, stages: dict, now: dateti
     """One run (see the module's docstring); returns the served store's event (promoted or refused)."""
     plan = plan_run(settings, stages, jobs.whoami(), now)
     endpoint = settings.s3_endpoint_url
+    sweep_old_runs(plan.run.rstrip("/").rpartition("/")[0] + "/", settings.adapt_retention_hours,
+                   now or datetime.now(timezone.utc), endpoint)
     since, until = window(None, now, settings.adapt_window_hours, now=now)
     split = prepare_source(plan.capture, plan.run, since, until, heldout_share=settings.adapt_heldout_share,
                            regenerate=settings.adapt_regenerate, endpoint_url=endpoint)

@@ -8,6 +8,9 @@ from dfp_shared.promotion_rule import MAX_THRESHOLD, MAX_Z
 from pydantic import Field, SecretStr
 
 
+MAX_RETENTION_HOURS = 24 * 366
+
+
 class AdaptSettings(CommonSettings):
     api_url: str = Field("http://127.0.0.1:8000", pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
                          description="Base URL of the API the run's jobs are submitted to.")
@@ -33,6 +36,10 @@ class AdaptSettings(CommonSettings):
                            description="Standard errors of the paired τ difference the gain must exceed.")
     adapt_spec: str = Field("", description="YAML/JSON file of the stages' spec fields: generate, tokenize, train, "
                                             "evaluate (target, tokenizer, steps, ...); the run sets inputs and outputs.")
+    adapt_retention_hours: float = Field(168.0, gt=0, le=MAX_RETENTION_HOURS,
+                                         description="Hours a run's prefix (copies of captured traffic among its data) "
+                                                     "is kept from the run's start; the next run deletes older ones. "
+                                                     "Set it to the capture's retention.")
     adapt_poll_s: float = Field(5.0, gt=0, le=600, description="Seconds between looks at a running job.")
     adapt_timeout_s: float = Field(86_400.0, gt=0, le=7 * 86_400,
                                    description="Seconds a run waits for one of its jobs before it gives up.")

@@ -21,7 +21,7 @@ VALUES = {
               "regenerate": False, "threshold": 0.1, "z": 2.5, "served": "s3://dflash-pipeline/data/serving",
               "spec": SPEC, "pollSeconds": 15, "activeDeadlineSeconds": 43200},
     "capture": {"enabled": True, "upstream": "http://vllm.inference.svc:8000",
-                "prefix": "s3://dflash-pipeline/data/traffic"},
+                "prefix": "s3://dflash-pipeline/data/traffic", "retentionHours": 72},
     "storage": {"s3": {"existingSecret": "s3-keys"}},
 }
 
@@ -91,6 +91,7 @@ def test_values_become_the_settings_the_run_reads(enabled, monkeypatch, tmp_path
     assert (settings.adapt_window_hours, settings.adapt_heldout_share) == (48, 0.05)
     assert settings.adapt_regenerate is False
     assert (settings.adapt_threshold, settings.adapt_z, settings.adapt_poll_s) == (0.1, 2.5, 15)
+    assert settings.adapt_retention_hours == 72  # the capture's own
     assert _stages(settings.adapt_spec) == SPEC
 
 
@@ -137,7 +138,7 @@ def test_default_settings_match_the_run_defaults(monkeypatch):
     settings = AdaptSettings()
     fields = AdaptSettings.model_fields
     for field in ("adapt_name", "adapt_window_hours", "adapt_heldout_share", "adapt_regenerate", "adapt_threshold",
-                  "adapt_z"):
+                  "adapt_z", "adapt_retention_hours"):
         assert getattr(settings, field) == fields[field].default, field
 
 

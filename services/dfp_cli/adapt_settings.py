@@ -7,7 +7,6 @@ from dfp_shared.config import CommonSettings
 from dfp_shared.promotion_rule import MAX_THRESHOLD, MAX_Z
 from pydantic import Field, SecretStr
 
-
 MAX_RETENTION_HOURS = 24 * 366
 
 

@@ -10,15 +10,23 @@ Layout under ``<served>/<name>/`` (``served`` is the operator's served location,
 A promotion writes the new version first, then ``current/``, then ``history.json``; a rollback copies the
 version before the current one back into ``current/`` (removing files the newer version added) and records
 it. So a reader of ``history.json`` never sees a version that is not whole, on a local disk and on S3 alike.
+One change at a time: a promotion, rollback or recorded refusal holds ``lock.json`` (created only if absent)
+while it runs, so a scheduled run's promotion and an operator's rollback never both rewrite ``current/`` and the
+history from what each read first; the second is refused, naming the first. A lock whose holder died is taken
+over after :data:`LOCK_TTL_S`.
 Whether a candidate is promoted is :mod:`.promotion_rule`'s to say.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .storage import NotFound, ObjectStore, open_store, visible
@@ -29,6 +37,8 @@ VERSIONS = "versions/"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_HISTORY_BYTES = 16 << 20
 MAX_EVENTS = 10_000  # the oldest decisions are dropped past this many (the versions stay)
+LOCK = "lock.json"
+LOCK_TTL_S = 6 * 3600  # a change holding the lock longer than this is taken for dead (copies of a large drafter)
 
 
 class PromotionError(ValueError):
@@ -107,8 +117,42 @@ class ServedDrafters:
                 found.add(int(head))
         return sorted(found)
 
+    @contextmanager
+    def _changing(self, action: str) -> Iterator[None]:
+        """Hold the store's lock while ``action`` changes it (see the module's docstring)."""
+        mine = json.dumps({"action": action, "host": socket.gethostname(), "pid": os.getpid(),
+                           "since": time.time()}).encode()
+        if not self.store.put_if_absent(LOCK, mine):
+            held = self._lock_holder()
+            if time.time() - held["since"] < LOCK_TTL_S:
+                raise PromotionError(
+                    f"{self.uri}: a {held['action']} by {held['host']} (pid {held['pid']}) is in progress since "
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(held['since']))}; try again when it ends "
+                    f"(a lock older than {LOCK_TTL_S} s is taken over)")
+            self.store.delete(LOCK)  # its holder died: take it over
+            if not self.store.put_if_absent(LOCK, mine):
+                raise PromotionError(f"{self.uri}: another change took over a stale lock first; try again")
+        try:
+            yield
+        finally:
+            self.store.delete(LOCK)
+
+    def _lock_holder(self) -> dict:
+        """The lock's holder; an unreadable lock counts as the oldest (it is taken over)."""
+        try:
+            held = json.loads(self.store.get(LOCK)[:4096])
+            since = float(held["since"])
+            return {"action": str(held.get("action"))[:32], "host": str(held.get("host"))[:253],
+                    "pid": str(held.get("pid"))[:16], "since": since}
+        except (NotFound, ValueError, TypeError, KeyError, AttributeError):  # released meanwhile, or unreadable
+            return {"action": "change", "host": "?", "pid": "?", "since": 0.0}
+
     def record(self, event: dict) -> dict:
         """Add a decision that changes nothing served (a refusal) to the history; returns the event."""
+        with self._changing("refusal"):
+            return self._record(event)
+
+    def _record(self, event: dict) -> dict:
         history = self.history()
         event = {"time": _now(), **event}
         history["events"].append(event)
@@ -117,6 +161,10 @@ class ServedDrafters:
 
     def promote(self, candidate: str, evidence: dict) -> dict:
         """Copy the drafter export at ``candidate`` into a new version and into ``current/``; returns the event."""
+        with self._changing("promotion"):
+            return self._promote(candidate, evidence)
+
+    def _promote(self, candidate: str, evidence: dict) -> dict:
         source = open_store(candidate, endpoint_url=self.endpoint_url)
         files = sorted(visible(source.list("")))
         if "config.json" not in files:
@@ -134,6 +182,10 @@ class ServedDrafters:
 
     def rollback(self, reason: str = "") -> dict:
         """Restore the version that was current before the current one, byte for byte; returns the event."""
+        with self._changing("rollback"):
+            return self._rollback(reason)
+
+    def _rollback(self, reason: str) -> dict:
         history = self.history()
         if len(history["stack"]) < 2:
             raise PromotionError(f"{self.uri}: no earlier version to roll back to "

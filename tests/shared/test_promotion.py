@@ -183,3 +183,52 @@ def test_a_long_history_drops_its_oldest_events_and_stays_readable(tmp_path, mon
     history = served.history()  # read under the same bound it was written by
     assert len(served.store.get("history.json")) <= 32 << 10
     assert history["events"][-1]["reason"].startswith("run 399:") and len(history["events"]) < 400
+
+
+# --- one change at a time -------------------------------------------------------------------------------------
+
+def test_a_rollback_while_a_promotion_copies_is_refused_and_nothing_is_lost(tmp_path, monkeypatch):
+    """A scheduled run's promotion and an operator's rollback at once: the second waits its turn (refused, naming
+    the change in progress), instead of both rewriting ``current/`` and the history from what each read first."""
+    import dfp_shared.promotion as promotion
+
+    served = ServedDrafters(f"file://{tmp_path}/served", "d")
+    for seed in (1, 2):
+        write_export(f"file://{tmp_path}/c{seed}", seed)
+        served.promote(f"file://{tmp_path}/c{seed}", {"run": seed})
+    write_export(f"file://{tmp_path}/c3", 3)
+    operator = ServedDrafters(f"file://{tmp_path}/served", "d")
+    seen = {}
+    copy = promotion._copy
+
+    def copy_then_rollback(*args):
+        copy(*args)
+        if "refused" not in seen:  # midway through the promotion's copies, the operator rolls back
+            with pytest.raises(PromotionError, match=r"a promotion .* is in progress") as err:
+                operator.rollback("bad drafter")
+            seen["refused"] = str(err.value)
+            with pytest.raises(PromotionError, match="in progress"):
+                operator.record({"action": "refused"})
+
+    monkeypatch.setattr(promotion, "_copy", copy_then_rollback)
+    served.promote(f"file://{tmp_path}/c3", {"run": 3})
+    assert served.history()["stack"] == [1, 2, 3]
+    assert operator.rollback("bad drafter")["version"] == 2  # its turn once the promotion ended
+    assert [e["action"] for e in served.history()["events"]] == ["promoted", "promoted", "promoted", "rolled_back"]
+
+
+def test_a_change_that_died_midway_holds_the_store_only_until_its_lock_expires(tmp_path, monkeypatch):
+    import dfp_shared.promotion as promotion
+
+    served = ServedDrafters(f"file://{tmp_path}/served", "d")
+    write_export(f"file://{tmp_path}/c1", 1)
+    served.store.put("lock.json", json.dumps({"action": "promotion", "host": "gone", "pid": 1,
+                                              "since": 1_000.0}).encode())
+    monkeypatch.setattr(promotion.time, "time", lambda: 1_000.0 + promotion.LOCK_TTL_S - 1)
+    with pytest.raises(PromotionError, match="in progress"):
+        served.promote(f"file://{tmp_path}/c1", {})
+    monkeypatch.setattr(promotion.time, "time", lambda: 1_000.0 + promotion.LOCK_TTL_S + 1)
+    assert served.promote(f"file://{tmp_path}/c1", {})["version"] == 1
+    assert not served.store.exists("lock.json")  # released after
+    served.store.put("lock.json", b"\x00 not json")  # unreadable: as old as can be
+    assert served.record({"action": "refused"})["action"] == "refused"

@@ -13,14 +13,18 @@ The capture pass-through writes completion records under its prefix in hourly fo
 * ``heldout/prompts.jsonl`` - the newest ``heldout_share`` of the records, as prompts no training sees:
   the slice both drafters are evaluated on.
 
-Incomplete records and lines that are not completion records are dropped and counted. Two passes over
-the window's shards (an index of times first, then the records), so memory holds the index, not the text.
+Incomplete records, lines that are not completion records and lines over :data:`MAX_LINE_BYTES` are dropped
+and counted. Two passes over the window's shards (an index of times first, then the records), each a stream of
+lines, and the split's files cut at :data:`MAX_FILE_BYTES`, so memory holds the index and about one record, not
+the text of a shard or of a file.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 
@@ -35,9 +39,9 @@ MAX_WINDOW_HOURS = 24 * 31
 MAX_HELDOUT_SHARE = 0.5
 MAX_HELDOUT = 10_000  # an evaluate job reads at most this many prompts of a set
 MAX_RECORDS = 1_000_000
-MAX_SHARD_BYTES = 1 << 30
 MAX_LINE_BYTES = 16 << 20
 RECORDS_PER_FILE = 4096
+MAX_FILE_BYTES = 64 << 20  # a file of the split is cut past this many bytes (or RECORDS_PER_FILE records)
 
 
 class SourceError(ValueError):
@@ -98,9 +102,10 @@ def _captured_at(record: dict) -> datetime | None:
         return None
 
 
-def _usable(line: bytes, dropped: dict) -> dict | None:
-    """A complete completion record whose last message is the assistant's answer, else None (counted)."""
-    if len(line) > MAX_LINE_BYTES:
+def _usable(line: bytes | None, dropped: dict) -> dict | None:
+    """A complete completion record whose last message is the assistant's answer, else None (counted); a line
+    over :data:`MAX_LINE_BYTES` comes as None."""
+    if line is None:
         dropped["long_line"] += 1
         return None
     try:
@@ -118,12 +123,17 @@ def _usable(line: bytes, dropped: dict) -> dict | None:
     return record
 
 
-def _lines(store: ObjectStore, key: str) -> list[bytes]:
+def _lines(store: ObjectStore, key: str) -> Iterator[bytes | None]:
+    """The shard's non-empty lines as a stream; a line over :data:`MAX_LINE_BYTES` comes as None, its bytes
+    skipped in bounded pieces rather than held."""
     with store.open_read(key) as f:
-        data = f.read(MAX_SHARD_BYTES + 1)
-    if len(data) > MAX_SHARD_BYTES:
-        raise SourceError(f"{store.url(key)}: larger than {MAX_SHARD_BYTES} bytes")
-    return [line for line in data.split(b"\n") if line.strip()]
+        while line := f.readline(MAX_LINE_BYTES + 1):
+            if len(line) > MAX_LINE_BYTES:
+                while line and not line.endswith(b"\n"):
+                    line = f.readline(MAX_LINE_BYTES)
+                yield None
+            elif line.strip():
+                yield line
 
 
 def _index(store: ObjectStore, keys: list[str], since: datetime, until: datetime, split: SourceSplit) -> list[tuple]:
@@ -154,17 +164,19 @@ class _Files:
     """Records written as JSONL files of at most ``RECORDS_PER_FILE`` lines under ``prefix``."""
 
     def __init__(self, store: ObjectStore, prefix: str):
-        self.store, self.prefix, self.rows, self.files = store, prefix, [], 0
+        self.store, self.prefix, self.rows, self.bytes, self.files = store, prefix, [], 0, 0
 
     def add(self, row: dict) -> None:
-        self.rows.append(row)
-        if len(self.rows) >= RECORDS_PER_FILE:
+        line = encode_records([row])
+        self.rows.append(line)
+        self.bytes += len(line)
+        if len(self.rows) >= RECORDS_PER_FILE or self.bytes >= MAX_FILE_BYTES:
             self.flush()
 
     def flush(self) -> None:
         if self.rows:
-            self.store.put(f"{self.prefix}-{self.files:05d}.jsonl", encode_records(self.rows))
-            self.files, self.rows = self.files + 1, []
+            self.store.put(f"{self.prefix}-{self.files:05d}.jsonl", b"".join(self.rows))
+            self.files, self.rows, self.bytes = self.files + 1, [], 0
 
 
 def prepare_source(capture: str, output: str, since: datetime, until: datetime, *, heldout_share: float,
@@ -186,9 +198,22 @@ def prepare_source(capture: str, output: str, since: datetime, until: datetime, 
                           f"in {len(keys)} shards under {capture}; too few to hold out {held} and train on the rest")
     index.sort()
     heldout = {(key, n) for _, _, key, n in index[-held:]}
-    indexed = {(key, n): rid for _, rid, key, n in index}
     data, prompts = _Files(out, "data/captured"), _Files(out, "regenerate/prompts")
-    held_rows = []
+    with tempfile.NamedTemporaryFile(prefix="dflash-heldout-", suffix=".jsonl") as held_file:
+        _copy_split(src, index, heldout, regenerate, split, data, prompts, held_file)
+        held_file.flush()
+        out.put_file("heldout/prompts.jsonl", held_file.name)
+    data.flush()
+    prompts.flush()
+    if prompts.files == 0:
+        split.regenerate = None
+    return split
+
+
+def _copy_split(src: ObjectStore, index: list[tuple], heldout: set, regenerate: bool, split: SourceSplit,
+                data: _Files, prompts: _Files, held_file) -> None:
+    """The second pass: each indexed record to the data, the prompts to regenerate or the held-out file."""
+    indexed = {(key, n): rid for _, rid, key, n in index}
     for key in dict.fromkeys(k for _, _, k, _ in index):
         # the second read keeps only the lines the index chose: a shard the capture appended to meanwhile adds
         # nothing, so the held-out share and the counts are of one set of records
@@ -200,7 +225,8 @@ def prepare_source(capture: str, output: str, since: datetime, until: datetime, 
                 continue
             rid = indexed[key, n]
             if (key, n) in heldout:
-                held_rows.append(_prompt(record, rid))
+                held_file.write(encode_records([_prompt(record, rid)]))
+                split.heldout_records += 1
             elif record[META].get("greedy") is True or not regenerate:
                 split.greedy += record[META].get("greedy") is True
                 split.sampled += record[META].get("greedy") is not True
@@ -208,10 +234,3 @@ def prepare_source(capture: str, output: str, since: datetime, until: datetime, 
             else:
                 split.sampled += 1
                 prompts.add(_prompt(record, rid))
-    data.flush()
-    prompts.flush()
-    if prompts.files == 0:
-        split.regenerate = None
-    out.put("heldout/prompts.jsonl", encode_records(held_rows))
-    split.heldout_records = len(held_rows)
-    return split

@@ -128,3 +128,41 @@ def test_windows_are_bounded():
     with pytest.raises(SourceError, match="heldout_share"):
         prepare_source("file:///nowhere", "file:///nowhere", T0, T0 + timedelta(hours=1), heldout_share=0.9,
                        regenerate=True)
+
+
+def test_a_window_of_long_records_is_read_and_written_in_bounded_memory(tmp_path, monkeypatch):
+    """Records as long as clients send them (prompts of hundreds of KB, one line past the bound): the shards are
+    streamed line by line, and the split's files are cut by bytes as well as records, so the run's memory holds
+    about one record, not a shard or a file of them; the over-long line is counted and the rest kept."""
+    import tracemalloc
+
+    import dfp_shared.capture_source as capture_source
+
+    monkeypatch.setattr(capture_source, "MAX_LINE_BYTES", 1 << 20)
+    monkeypatch.setattr(capture_source, "MAX_FILE_BYTES", 2 << 20)
+    rows = []
+    for i in range(120):
+        row = record(i, T0 + timedelta(minutes=i % 60, seconds=i // 60), greedy=i % 2 == 0)
+        row["messages"][0]["content"] = f"question {i} " + "x" * 200_000
+        rows.append(row)
+    long = record(500, T0 + timedelta(minutes=30), greedy=True)
+    long["messages"][0]["content"] = "y" * 3_000_000
+    store = open_store(f"file://{tmp_path}/capture")
+    store.put(f"completions/{T0:%Y%m%dT%H}/w0-b-000001.jsonl", encode_records(rows[:60] + [long] + rows[60:]))
+
+    tracemalloc.start()
+    try:
+        split = prepare_source(f"file://{tmp_path}/capture", f"file://{tmp_path}/run", T0, T0 + timedelta(hours=1),
+                               heldout_share=0.1, regenerate=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert peak < 12 << 20, f"peak {peak / 2**20:.1f} MiB for a 27 MiB shard"
+    assert split.dropped["long_line"] == 1
+    assert (split.greedy, split.sampled, split.heldout_records) == (54, 54, 12)
+    out = open_store(f"file://{tmp_path}/run")
+    assert all(len(out.get(k)) <= (2 << 20) + 210_000 for k in out.list("data/"))
+    ids = {r["id"] for r in lines(out, "data/")} | {p["id"] for p in lines(out, "regenerate/")} \
+        | {p["id"] for p in lines(out, "heldout/")}
+    assert ids == {r["id"] for r in rows}

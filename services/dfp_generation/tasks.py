@@ -23,7 +23,7 @@ from dfp_shared.prompts import PROMPT_SUFFIXES
 from dfp_shared.queue import Task, TaskQueue
 from dfp_shared.specs.generate import GenerateSpec
 from dfp_shared.storage import StorageError, open_store
-from dfp_shared.storage_roots import StorageRoots, parent_prefix
+from dfp_shared.storage_roots import OutsideRoots, StorageRoots, parent_prefix
 from dfp_shared.submit import PLAN_KEY
 from dfp_shared.worker import JobHandler, TaskCancelled, TaskContext, TaskReleased, Worker
 
@@ -86,10 +86,20 @@ class GenerationHandler(JobHandler):
         self.claims = OutputClaims(self.roots, settings.s3_endpoint_url)
         self._engine: tuple[tuple, Engine] | None = None
 
-    def confine_task(self, task: Task, spec: GenerateSpec) -> None:
-        if "prompts_root" in task.payload:  # a shard reads only the prompt set its spec names
-            prompts = spec.prompts if not spec.prompts.endswith(PROMPT_SUFFIXES) else parent_prefix(spec.prompts)
-            self.roots.check_inside(task.payload["prompts_root"], prompts, "task.prompts_root")
+    def confine_task(self, task: Task, spec: GenerateSpec, owner: str | None) -> None:
+        if "prompts_root" not in task.payload:
+            return
+        # a shard reads only the prompt set its spec names: that one file, or files under that prefix
+        one_file = spec.prompts.endswith(PROMPT_SUFFIXES)
+        root = task.payload["prompts_root"]
+        self.roots.check_inside(root, parent_prefix(spec.prompts) if one_file else spec.prompts, "task.prompts_root")
+        for i, seg in enumerate(task.payload.get("segments") or []):
+            field = f"task.segments.{i}.file"
+            uri = f"{root.rstrip('/')}/{seg['file']}"
+            if one_file and self.roots.check(uri, field) != self.roots.check(spec.prompts, "spec.prompts"):
+                raise OutsideRoots(f"{field}: {uri} is not the spec's prompts file {spec.prompts}")
+            self.roots.check_inside(uri, spec.prompts, field)
+            self.roots.check_reserved(uri, owner, field)
 
     def handle(self, task: Task, ctx: TaskContext) -> None:
         spec: GenerateSpec = ctx.spec

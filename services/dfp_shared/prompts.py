@@ -94,6 +94,9 @@ def resolve_prompt_set(uri: str, endpoint_url: str | None = None) -> PromptSourc
     path = parsed.path if parsed.scheme else uri
     if path.endswith(PROMPT_SUFFIXES):
         root, key = split_uri(uri)
+        if "/" in key:  # the file's own folder as the root (an S3 key), so a task's root lies under the spec's
+            folder, _, key = key.rpartition("/")
+            root = f"{root}/{folder}"
         if not open_store(root, endpoint_url=endpoint_url).exists(key):
             raise NotFound(f"prompt file {uri} does not exist")
         return PromptSource(root, [key])

@@ -156,17 +156,30 @@ class StorageRoots:
         kept for another principal or for none, or a URI that holds one."""
         if not self.reserved:
             return
-        owner = owner or "anonymous"
         for field, uri in self._spec_uris(job_type, spec, prefix):
-            if uri is None:
-                continue
-            canonical = self._canonical(uri, field).rstrip("/")
-            forms = {canonical, "file://" + os.path.realpath(canonical[len("file://"):])} \
-                if canonical.startswith("file://") else {canonical}
-            for kept, principal in self.reserved.items():
-                if principal != owner and any(_within(f, kept) or _within(kept, f) for f in forms):
-                    whose = f"kept for the jobs of {principal!r}" if principal else "which no job may read or write"
-                    raise OutsideRoots(f"{field}: {uri} is or holds {kept}/, {whose}")
+            if uri is not None:
+                self.check_reserved(uri, owner, field)
+
+    def check_reserved(self, uri: str, owner: str | None, field: str) -> None:
+        """Refuse ``uri`` (a local one also where its symlinks lead) for ``owner`` (None: the anonymous principal)
+        if it lies inside or holds a prefix kept for another principal or for none."""
+        owner = owner or "anonymous"
+        forms = self._forms(uri, field)
+        for kept, principal in self.reserved.items():
+            if principal != owner and any(_within(f, kept) or _within(kept, f) for f in forms):
+                whose = f"kept for the jobs of {principal!r}" if principal else "which no job may read or write"
+                raise OutsideRoots(f"{field}: {uri} is or holds {kept}/, {whose}")
+
+    def _forms(self, uri: str, field: str) -> set[str]:
+        """``uri`` canonical, and a local one also with its symlinks resolved."""
+        return {self._canonical(uri, field).rstrip("/"), self._resolved(uri, field)}
+
+    def _resolved(self, uri: str, field: str) -> str:
+        """``uri`` canonical, a local one with its symlinks resolved."""
+        canonical = self._canonical(uri, field).rstrip("/")
+        if canonical.startswith("file://"):
+            return "file://" + os.path.realpath(canonical[len("file://"):])
+        return canonical
 
     @staticmethod
     def _spec_uris(job_type: str, spec, prefix: str):
@@ -192,8 +205,9 @@ class StorageRoots:
 
     def check_inside(self, uri: str, prefix: str, field: str) -> str:
         """``uri`` checked against the roots and also lying under ``prefix`` (e.g. a task's file under the
-        spec's input)."""
+        spec's input), a local one also where its symlinks lead."""
         canonical = self.check(uri, field)
-        if not _within(canonical, self._canonical(prefix, field)):
+        if not (_within(canonical, self._canonical(prefix, field))
+                and _within(self._resolved(uri, field), self._resolved(prefix, field))):
             raise OutsideRoots(f"{field}: {uri} is not under {prefix}")
         return canonical

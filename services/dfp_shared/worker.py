@@ -140,13 +140,14 @@ class JobHandler:
             return False
         self.roots.check_spec(kind.name, spec)
         self.roots.check_reservations(kind.name, spec, job.owner)
-        self.confine_task(task, spec)
+        self.confine_task(task, spec, job.owner)
         self.claims.claim(spec.output, job.owner, task.job_id, parent_id=job.parent_id)
         ctx.job, ctx.job_type, ctx.spec = job, kind, spec
         return True
 
-    def confine_task(self, task: Task, spec) -> None:
-        """Check the storage URIs the task itself carries (after the spec's, before the claim)."""
+    def confine_task(self, task: Task, spec, owner: str | None) -> None:
+        """Check the storage URIs the task itself carries (after the spec's, before the claim), against the roots
+        and the prefixes reserved from ``owner`` (the job's principal)."""
 
     def handle(self, task: Task, ctx: TaskContext) -> None:
         raise NotImplementedError

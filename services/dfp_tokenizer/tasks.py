@@ -149,6 +149,7 @@ class TokenizeHandler(JobHandler):
         encoder = self.encoders.encoder(spec)
         uri, name = task.payload["file"], task.payload["name"]
         self.roots.check_inside(uri, spec.input, "task.file")
+        self.roots.check_reserved(uri, ctx.job.owner, "task.file")
         root, key = split_uri(uri)
         res = tokenize_input(self._store(root), key, uri, f"shards/{name}.safetensors", encoder,
                              id_prefix=task.payload["rel"], check=ctx.check)

@@ -106,3 +106,68 @@ def test_a_bad_reservation_is_refused_at_start_naming_the_variable(monkeypatch, 
     monkeypatch.setenv("DFLASH_RESERVED_PREFIXES", value)
     with pytest.raises(ConfigError, match=rf"DFLASH_RESERVED_PREFIXES: .*{reason}"):
         load_settings(CommonSettings)
+
+
+# --- what a task carries: it may come from anyone who can write to Redis ---------------------------------------
+
+@pytest.fixture
+def capture_layout(tmp_path):
+    root = tmp_path / "root"
+    hour = root / "capture" / "completions" / "2026120703"
+    hour.mkdir(parents=True)
+    (hour / "w.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "another team's prompt"}]}) + "\n")
+    (root / "mine").mkdir()
+    (root / "mine" / "p.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "mine"}]}) + "\n")
+    return root, StorageRoots([f"file://{root}"], reserved={f"file://{root}/capture": ""})
+
+
+def test_a_generate_shard_reads_only_the_spec_s_prompts_not_the_reserved_traffic(capture_layout):
+    from dfp_generation.tasks import GenerationHandler
+    from dfp_shared.queue import Task
+    from dfp_shared.specs.generate import GenerateSpec
+
+    root, roots = capture_layout
+    handler = GenerationHandler.__new__(GenerationHandler)
+    handler.roots = roots
+    for prompts in (f"file://{root}/p.jsonl", f"file://{root}/mine/"):
+        spec = GenerateSpec.model_validate({"prompts": prompts, "model": MODEL, "output": f"file://{root}/out/"})
+        for shard_root, file in ((f"file://{root}", "capture/completions/2026120703/w.jsonl"),
+                                 (f"file://{root}/capture", "completions/2026120703/w.jsonl")):
+            task = Task(id="1-0", job_id="j", key="shard-00000", payload={
+                "prompts_root": shard_root, "index": 0, "prompts": 1, "segments": [{"file": file, "start": 1, "end": 2}]})
+            with pytest.raises(OutsideRoots):
+                handler.confine_task(task, spec, "mallory")
+    spec = GenerateSpec.model_validate({"prompts": f"file://{root}/mine/p.jsonl", "model": MODEL,
+                                        "output": f"file://{root}/out/"})
+    handler.confine_task(Task(id="1-0", job_id="j", key="shard-00000", payload={  # what the planner writes
+        "prompts_root": f"file://{root}/mine", "index": 0, "prompts": 1,
+        "segments": [{"file": "p.jsonl", "start": 1, "end": 2}]}), spec, "mallory")
+
+
+def test_a_task_s_file_through_a_symlink_is_checked_where_it_leads(capture_layout):
+    root, roots = capture_layout
+    (root / "mine" / "lnk").symlink_to(root / "capture")
+    uri = f"file://{root}/mine/lnk/completions/2026120703/w.jsonl"
+    with pytest.raises(OutsideRoots, match="no job may read"):
+        roots.check_reserved(uri, "mallory", "task.file")
+    (root / "elsewhere").mkdir()
+    (root / "mine" / "out").symlink_to(root / "elsewhere")
+    with pytest.raises(OutsideRoots, match="not under"):
+        roots.check_inside(f"file://{root}/mine/out/x.jsonl", f"file://{root}/mine/", "task.file")
+
+
+def test_a_trainer_group_member_checks_the_reservations_of_a_published_run(capture_layout, redis_client):
+    from dfp_shared.jobs import JobStore
+    from dfp_trainer.jobs.launch import _allowed
+
+    root, roots = capture_layout
+    spec = {"dataset": f"file://{root}/capture/completions/", "target": f"file://{root}/models/m",
+            "output": f"file://{root}/mine/t/"}
+    job = JobStore(redis_client).create("train", spec, owner="mallory")[0]
+    assert _allowed(roots, {"run_id": "r1", "job_id": job.id, "spec": json.dumps(spec)}, redis_client) is False
+    assert _allowed(roots, {"run_id": "r2", "job_id": "no-such-job", "spec": json.dumps(spec)}, redis_client) is False
+    # a run outside the roots is refused too, not raised out of the member's loop
+    outside = {**spec, "dataset": "file:///etc/"}
+    assert _allowed(roots, {"run_id": "r3", "job_id": job.id, "spec": json.dumps(outside)}, redis_client) is False
+    mine = {**spec, "dataset": f"file://{root}/mine/tokens/"}
+    assert _allowed(roots, {"run_id": "r4", "job_id": job.id, "spec": json.dumps(mine)}, redis_client) is True

@@ -101,7 +101,26 @@ def test_resolve_prompt_set(tmp_path, s3_bucket, s3_server):
     src = resolve_prompt_set(s3_bucket + "/prompts", endpoint_url=s3_server.endpoint_url)
     assert src.keys == ["x.jsonl", "y.jsonl"]
     one = resolve_prompt_set(s3_bucket + "/prompts/y.jsonl", endpoint_url=s3_server.endpoint_url)
-    assert one.keys == ["prompts/y.jsonl"]
+    assert (one.root, one.keys) == (s3_bucket + "/prompts", ["y.jsonl"])  # the file's own folder, as on disk
+
+
+def test_a_shard_of_one_s3_prompt_file_under_a_key_prefix_root_is_admitted(s3_bucket, s3_server):
+    """One prompt file on S3 under a storage root that is a key prefix (the chart's default): the planned shards'
+    root is the file's folder, inside the spec's, so the worker admits them (it refused every one when the root
+    was the bucket)."""
+    from dfp_generation.tasks import GenerationHandler
+    from dfp_shared.queue import Task
+    from dfp_shared.storage_roots import StorageRoots
+
+    open_store(s3_bucket, endpoint_url=s3_server.endpoint_url).put("data/sets/p.jsonl", b'{"prompt": "hi"}\n')
+    spec = GenerateSpec(prompts=f"{s3_bucket}/data/sets/p.jsonl", model=f"{s3_bucket}/data/m",
+                        output=f"{s3_bucket}/data/out/")
+    plan = plan_shards(spec.prompts, 8, endpoint_url=s3_server.endpoint_url)
+    handler = GenerationHandler.__new__(GenerationHandler)
+    handler.roots = StorageRoots([f"{s3_bucket}/data"])
+    (shard,) = plan.shards
+    handler.confine_task(Task(id="1-0", job_id="j", key=shard.key,
+                              payload={"prompts_root": plan.source.root, **shard.to_payload()}), spec, "alice")
 
 
 def test_seeds_and_retry_after():

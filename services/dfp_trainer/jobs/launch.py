@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 from dfp_shared.job_types import TRAIN
+from dfp_shared.jobs import JobNotFound, JobStore
 from dfp_shared.specs.train import TrainSpec
+from dfp_shared.storage import AccessRefused
 from dfp_shared.storage_roots import StorageRoots
 from redis.exceptions import RedisError
 
@@ -94,7 +96,7 @@ def follow(settings: TrainerSettings, r, stop: threading.Event) -> None:
         if run is None or run["run_id"] in done:
             stop.wait(0.5)
             continue
-        if not _allowed(roots, run):
+        if not _allowed(roots, run, r):
             done.add(run["run_id"])
             continue
         log.info("joining group run", extra={"job_id": run["job_id"], "run": run["run_id"]})
@@ -117,12 +119,14 @@ def _run_over(runs: GroupRuns, run_id: str) -> bool:
         return False
 
 
-def _allowed(roots: StorageRoots, run: dict) -> bool:
-    """The claimant checked the spec; a member checks it again, since a run may come from anyone who
-    can write to Redis."""
+def _allowed(roots: StorageRoots, run: dict, r) -> bool:
+    """The claimant checked the spec; a member checks it again, roots and the reservations of the job's owner,
+    since a run may come from anyone who can write to Redis."""
     try:
-        roots.check_spec(TRAIN.name, TrainSpec.model_validate_json(run["spec"]))
-    except ValueError as exc:
+        spec = TrainSpec.model_validate_json(run["spec"])
+        roots.check_spec(TRAIN.name, spec)
+        roots.check_reservations(TRAIN.name, spec, JobStore(r).get(run["job_id"]).owner)
+    except (ValueError, AccessRefused, JobNotFound) as exc:  # a spec outside the roots too: refused, not raised
         log.error("group run refused", extra={"job_id": run["job_id"], "error": str(exc)})
         return False
     return True

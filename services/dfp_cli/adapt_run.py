@@ -28,7 +28,7 @@ from dfp_shared.capture_source import prepare_source, window
 from dfp_shared.ownership import MARKER, OutputClaims
 from dfp_shared.promotion import ServedDrafters
 from dfp_shared.promotion_rule import decide, paired
-from dfp_shared.storage import open_store, split_uri, visible
+from dfp_shared.storage import NotFound, open_store, split_uri, visible
 from dfp_shared.storage_roots import StorageRoots
 
 from .adapt_settings import AdaptSettings
@@ -101,6 +101,9 @@ def plan_run(settings: AdaptSettings, stages: dict, owner: str, now: datetime | 
     run = roots.check(f"{settings.runs().rstrip('/')}/{settings.adapt_name}/{stamp}/", "adapt runs prefix")
     roots.check_explicit_output(run, "adapt runs prefix")
     drafters = ServedDrafters(served, settings.adapt_name, settings.s3_endpoint_url)
+    # prefixes the operator keeps for another principal: refused before anything is claimed for this one
+    roots.check_reserved(drafters.uri, owner, "adapt served location")
+    roots.check_reserved(run, owner, "adapt runs prefix")
     claims = OutputClaims(roots, settings.s3_endpoint_url)
     claims.claim(drafters.uri, owner, f"adapt-{stamp}", "adapt served location")
     claims.claim(run, owner, f"adapt-{stamp}", "adapt runs prefix")
@@ -108,23 +111,44 @@ def plan_run(settings: AdaptSettings, stages: dict, owner: str, now: datetime | 
 
 
 RUN_STAMP = "%Y%m%dT%H%M%S"
-_RUN_STAMP_RE = re.compile(r"^\d{8}T\d{6}$")
+_RUN_STAMP_RE = re.compile(r"^[0-9]{8}T[0-9]{6}$")
 
 
-def sweep_old_runs(runs: str, retention_hours: float, now: datetime, endpoint_url: str | None = None) -> list[str]:
-    """Delete the runs under ``runs`` (``<runs>/<name>/``) that started more than ``retention_hours`` before
-    ``now``, whole: their data are copies of captured traffic, kept no longer than the traffic itself (promoted
-    drafters live on under the served store, the evidence in its history). Returns the deleted runs' stamps."""
+def _run_start(stamp: str) -> datetime | None:
+    if not _RUN_STAMP_RE.match(stamp):
+        return None
+    try:
+        return datetime.strptime(stamp, RUN_STAMP).replace(tzinfo=timezone.utc)
+    except ValueError:  # a stamp's shape but no date (20261399T...): not a run
+        return None
+
+
+def _run_owner(store, stamp: str) -> str | None:
+    try:
+        with store.open_read(f"{stamp}/{MARKER}") as f:
+            owner = json.loads(f.read(4096)).get("owner")
+    except (NotFound, ValueError, AttributeError):
+        return None
+    return owner if isinstance(owner, str) else None
+
+
+def sweep_old_runs(runs: str, retention_hours: float, now: datetime, owner: str,
+                   endpoint_url: str | None = None) -> list[str]:
+    """Delete the runs under ``runs`` (``<runs>/<name>/``) of ``owner`` (the marker a run claims its prefix with)
+    that started more than ``retention_hours`` before ``now``, whole: their data are copies of captured traffic,
+    kept no longer than the traffic itself (promoted drafters live on under the served store, the evidence in its
+    history). Returns the deleted runs' stamps."""
     store = open_store(runs, endpoint_url=endpoint_url)
     cutoff = now - timedelta(hours=retention_hours)
     keys: dict[str, list[str]] = {}
     for key in store.list(""):
         stamp, _, rest = key.partition("/")
-        if rest and _RUN_STAMP_RE.match(stamp):
+        if rest:
             keys.setdefault(stamp, []).append(key)
     swept = []
     for stamp, run_keys in sorted(keys.items()):
-        if datetime.strptime(stamp, RUN_STAMP).replace(tzinfo=timezone.utc) >= cutoff:
+        started = _run_start(stamp)
+        if started is None or started >= cutoff or _run_owner(store, stamp) != owner:
             continue
         folders = {stamp} | {k.rpartition("/")[0] for k in run_keys}
         for key in run_keys + [f"{folder}/{MARKER}" for folder in sorted(folders)]:
@@ -179,10 +203,11 @@ def train_candidate(jobs: JobsApi, plan: RunPlan, split, endpoint_url: str | Non
 
 def adapt_once(jobs: JobsApi, settings: AdaptSettings, stages: dict, now: datetime | None = None) -> dict:
     """One run (see the module's docstring); returns the served store's event (promoted or refused)."""
-    plan = plan_run(settings, stages, jobs.whoami(), now)
+    owner = jobs.whoami()
+    plan = plan_run(settings, stages, owner, now)
     endpoint = settings.s3_endpoint_url
     sweep_old_runs(plan.run.rstrip("/").rpartition("/")[0] + "/", settings.adapt_retention_hours,
-                   now or datetime.now(timezone.utc), endpoint)
+                   now or datetime.now(timezone.utc), owner, endpoint)
     since, until = window(None, now, settings.adapt_window_hours, now=now)
     split = prepare_source(plan.capture, plan.run, since, until, heldout_share=settings.adapt_heldout_share,
                            regenerate=settings.adapt_regenerate, endpoint_url=endpoint)

@@ -76,3 +76,25 @@ def test_a_job_records_output_is_read_only_under_the_runs_own_prefix(tmp_path):
     for elsewhere in (f"{root}/team-b/train/drafter/", plan.served.uri, plan.run + "generated/drafter/"):
         with pytest.raises(OutsideRoots, match="is not under"):
             plan.output({"type": "pipeline", "outputs": {"drafter": elsewhere}}, "drafter", "train/")
+
+
+def test_a_run_whose_key_the_reservations_do_not_name_claims_nothing(tmp_path, monkeypatch):
+    """The operator keeps the loop's prefixes for one key's principal: a run with another key is refused before it
+    claims the served store (which would then stay held by the wrong principal)."""
+    from datetime import datetime, timezone
+
+    from dfp_cli.adapt_run import plan_run
+    from dfp_cli.adapt_settings import AdaptSettings
+    from dfp_shared.ownership import MARKER
+    from dfp_shared.storage_roots import OutsideRoots
+
+    root = tmp_path / "root"
+    monkeypatch.setenv("DFLASH_STORAGE_URL", f"file://{root}")
+    monkeypatch.setenv("DFLASH_RESERVED_PREFIXES", json.dumps(
+        {f"file://{root}/served": "adapt", f"file://{root}/adapt": "adapt", f"file://{root}/capture": ""}))
+    when = datetime(2026, 3, 8, tzinfo=timezone.utc)
+    with pytest.raises(OutsideRoots, match="adapt served location: .* kept for the jobs of 'adapt'"):
+        plan_run(AdaptSettings(), {}, "ci-loop", when)
+    assert not (root / "served" / "default" / MARKER).exists()
+    plan = plan_run(AdaptSettings(), {}, "adapt", when)
+    assert (root / "served" / "default" / MARKER).exists() and plan.run.startswith(f"file://{root}/adapt/default/")

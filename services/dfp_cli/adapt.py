@@ -11,6 +11,7 @@ import yaml
 from dfp_shared.cli_support import with_settings
 from dfp_shared.printable import printable
 from dfp_shared.promotion import PromotionError, ServedDrafters
+from dfp_shared.signals import StopSignals
 from dfp_shared.storage import StorageError
 from dfp_shared.storage_roots import StorageRoots
 from dfp_shared.storage_uris import OutsideRoots
@@ -61,8 +62,13 @@ def run(settings: AdaptSettings):
 
     key = settings.api_key.get_secret_value() if settings.api_key else None
     jobs = JobsApi(Api(settings.api_url, key), settings.adapt_poll_s, settings.adapt_timeout_s)
+
+    def stopped(count: int, signum: int) -> None:  # e.g. the CronJob's deadline: end as a failed run, the served
+        raise AdaptError(f"stopped by signal {signum}")  # store's lock released on the way out
+
     try:
-        event = adapt_once(jobs, settings, _stages(settings.adapt_spec))
+        with StopSignals(stopped):
+            event = adapt_once(jobs, settings, _stages(settings.adapt_spec))
     except (AdaptError, OutsideRoots, PromotionError, StorageError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     _print(event)

@@ -13,15 +13,20 @@ it. So a reader of ``history.json`` never sees a version that is not whole, on a
 One change at a time: a promotion, rollback or recorded refusal holds ``lock.json`` (created only if absent)
 while it runs, so a scheduled run's promotion and an operator's rollback never both rewrite ``current/`` and the
 history from what each read first; the second is refused, naming the first. A lock whose holder died is taken
-over after :data:`LOCK_TTL_S`.
+over after :data:`LOCK_TTL_S` (or at once when it is dated impossibly), by exactly one of those who find it
+(each creates a mark named after the stale lock's bytes, under ``locks/``, only if absent, and goes on only if
+the lock is still those bytes); a change releases only its own lock (a token in it), and its mark.
 Whether a candidate is promoted is :mod:`.promotion_rule`'s to say.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import re
+import secrets
 import socket
 import tempfile
 import time
@@ -38,7 +43,16 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_HISTORY_BYTES = 16 << 20
 MAX_EVENTS = 10_000  # the oldest decisions are dropped past this many (the versions stay)
 LOCK = "lock.json"
+LOCKS = "locks/"  # the marks of locks taken over from dead holders
 LOCK_TTL_S = 6 * 3600  # a change holding the lock longer than this is taken for dead (copies of a large drafter)
+CLOCK_SKEW_S = 300  # a lock dated further ahead than this is no live holder's
+
+
+def _stale(since: float) -> bool:
+    """A lock taken at ``since`` is its dead holder's: older than the TTL, or dated impossibly (ahead of this
+    clock by more than a skew, or not a finite time)."""
+    now = time.time()
+    return not math.isfinite(since) or since > now + CLOCK_SKEW_S or now - since >= LOCK_TTL_S
 
 
 class PromotionError(ValueError):
@@ -120,32 +134,59 @@ class ServedDrafters:
     @contextmanager
     def _changing(self, action: str) -> Iterator[None]:
         """Hold the store's lock while ``action`` changes it (see the module's docstring)."""
-        mine = json.dumps({"action": action, "host": socket.gethostname(), "pid": os.getpid(),
-                           "since": time.time()}).encode()
+        token = secrets.token_hex(16)
+        mine = json.dumps({"action": action, "host": socket.gethostname(), "pid": os.getpid(), "since": time.time(),
+                           "token": token}).encode()
+        mark = None
         if not self.store.put_if_absent(LOCK, mine):
-            held = self._lock_holder()
-            if time.time() - held["since"] < LOCK_TTL_S:
+            held, raw = self._lock_holder()
+            if raw and not _stale(held["since"]):
                 raise PromotionError(
                     f"{self.uri}: a {held['action']} by {held['host']} (pid {held['pid']}) is in progress since "
                     f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(held['since']))}; try again when it ends "
                     f"(a lock older than {LOCK_TTL_S} s is taken over)")
-            self.store.delete(LOCK)  # its holder died: take it over
+            if raw:
+                # its holder died: of all who found this same stale lock, the one that creates its takeover mark
+                # and finds the lock unchanged after replaces it (a delete then a create alone let two hold it)
+                mark = f"{LOCKS}takeover-{hashlib.sha256(raw).hexdigest()[:32]}.json"
+                if not self.store.put_if_absent(mark, mine):
+                    raise PromotionError(f"{self.uri}: another change is taking over a stale lock; try again")
+                if not self._still(raw):
+                    self.store.delete(mark)
+                    raise PromotionError(f"{self.uri}: another change took over the lock; try again")
+                self.store.delete(LOCK)
             if not self.store.put_if_absent(LOCK, mine):
-                raise PromotionError(f"{self.uri}: another change took over a stale lock first; try again")
+                raise PromotionError(f"{self.uri}: another change took the lock first; try again")
         try:
             yield
         finally:
-            self.store.delete(LOCK)
+            if self._lock_token() == token:  # a change that outlived the TTL and was taken over leaves it be
+                self.store.delete(LOCK)
+            if mark is not None:
+                self.store.delete(mark)
 
-    def _lock_holder(self) -> dict:
-        """The lock's holder; an unreadable lock counts as the oldest (it is taken over)."""
+    def _lock_holder(self) -> tuple[dict, bytes]:
+        """The lock's holder and its bytes; an unreadable one counts as the oldest (it is taken over)."""
+        raw = b""
         try:
-            held = json.loads(self.store.get(LOCK)[:4096])
-            since = float(held["since"])
+            with self.store.open_read(LOCK) as f:
+                raw = f.read(4096)
+            held = json.loads(raw)
             return {"action": str(held.get("action"))[:32], "host": str(held.get("host"))[:253],
-                    "pid": str(held.get("pid"))[:16], "since": since}
+                    "pid": str(held.get("pid"))[:16], "since": float(held["since"])}, raw
         except (NotFound, ValueError, TypeError, KeyError, AttributeError):  # released meanwhile, or unreadable
-            return {"action": "change", "host": "?", "pid": "?", "since": 0.0}
+            return {"action": "change", "host": "?", "pid": "?", "since": 0.0}, raw
+
+    def _still(self, raw: bytes) -> bool:
+        """Whether the lock still holds exactly ``raw`` (b"": none)."""
+        return self._lock_holder()[1] == raw
+
+    def _lock_token(self) -> str | None:
+        try:
+            with self.store.open_read(LOCK) as f:
+                return json.loads(f.read(4096)).get("token")
+        except (NotFound, ValueError, AttributeError):
+            return None
 
     def record(self, event: dict) -> dict:
         """Add a decision that changes nothing served (a refusal) to the history; returns the event."""

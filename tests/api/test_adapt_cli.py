@@ -98,3 +98,29 @@ def test_a_run_whose_key_the_reservations_do_not_name_claims_nothing(tmp_path, m
     assert not (root / "served" / "default" / MARKER).exists()
     plan = plan_run(AdaptSettings(), {}, "adapt", when)
     assert (root / "served" / "default" / MARKER).exists() and plan.run.startswith(f"file://{root}/adapt/default/")
+
+
+def test_a_run_stopped_by_sigterm_mid_promotion_releases_the_served_store(tmp_path, monkeypatch):
+    """The CronJob's deadline sends SIGTERM, most likely while the run's promotion copies: the run ends as failed
+    and the served store's lock goes with it, so the next run (or a rollback) is not held off for hours."""
+    import os
+    import signal
+
+    import dfp_cli.adapt_run as adapt_run
+    from dfp_shared.promotion import LOCK
+
+    served = ServedDrafters(f"file://{tmp_path}/served", "default")
+
+    def promoting(jobs, settings, stages, now=None):
+        with served._changing("promotion"):
+            assert served.store.exists(LOCK)
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise AssertionError("not reached: the signal ends the run")
+
+    monkeypatch.setattr(adapt_run, "adapt_once", promoting)
+    before = signal.getsignal(signal.SIGTERM)
+    out = CliRunner().invoke(cli, ["adapt", "run"], env={"DFLASH_STORAGE_URL": f"file://{tmp_path}",
+                                                         "DFLASH_LOG_JSON": "false"})
+    assert out.exit_code == 1 and f"stopped by signal {int(signal.SIGTERM)}" in out.output
+    assert not served.store.exists(LOCK)
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -74,3 +74,21 @@ def test_a_given_port_where_another_redis_listens_fails_naming_it(other_server, 
                                            rf"{other_server.proc.pid}\)"):
         RedisServer(port=other_server.port, data_dir=str(tmp_path / "mine")).start()
     assert other_server.client().ping()
+
+
+def test_a_password_protected_redis_on_the_port_is_never_taken_for_its_own(tmp_path):
+    import subprocess
+
+    from dfp_dev.local.redis_server import redis_binary, wait_for_port
+
+    port = free_port()
+    other = subprocess.Popen([redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--requirepass", "s3cret", "--dir", str(tmp_path)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process=other)
+        with pytest.raises(RuntimeError, match=rf"127.0.0.1:{port} .*another redis-server \(it asks for a password\)"):
+            RedisServer(port=port, data_dir=str(tmp_path / "mine")).start()
+    finally:
+        other.kill()
+        other.wait()

@@ -117,6 +117,7 @@ def test_an_own_api_key_secret_is_required_with_an_own_key_set():
     ({"name": "../x"}, "/adapt/name"),
     ({"served": "/local/path"}, "/adapt/served"),
     ({"spec": {"train": {"steps": 1}, "deploy": {}}}, "/adapt/spec"),
+    ({"principal": "no spaces"}, "/adapt/principal"),
 ])
 def test_schema_rejects_bad_adapt_values(adapt, where):
     with helm_python.Chart.load(str(CHART_DIR)) as chart, pytest.raises(helm_python.HelmError) as err:
@@ -185,3 +186,21 @@ def test_the_loop_s_prefixes_are_kept_for_its_key_and_the_traffic_for_none(enabl
     assert json.loads(_secret(objects)["api-keys"])[1]["name"] == "loop"
     config = next(o for o in render_objects({}) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "dflash-config")
     assert "DFLASH_RESERVED_PREFIXES" not in config["data"]
+
+
+@pytest.mark.parametrize("values, reason", [
+    ({"adapt": {"enabled": True, "principal": "Anonymous"}}, "must not be anonymous"),
+    ({"adapt": {"enabled": True, "principal": "admin"}}, "must not be admin"),
+])
+def test_a_principal_no_key_may_be_fails_the_render(values, reason):
+    with helm_python.Chart.load(str(CHART_DIR)) as chart, pytest.raises(helm_python.HelmError) as err:
+        chart.render(values, name="dflash", namespace="dflash")
+    assert reason in str(err.value)
+
+
+def test_the_capture_retention_is_bounded_as_the_runs_read_it():
+    from dfp_cli.adapt_settings import MAX_RETENTION_HOURS
+
+    with helm_python.Chart.load(str(CHART_DIR)) as chart, pytest.raises(helm_python.HelmError) as err:
+        chart.validate_schema(chart.merge_values({"capture": {"retentionHours": MAX_RETENTION_HOURS + 1}}))
+    assert "at '/capture/retentionHours'" in str(err.value)

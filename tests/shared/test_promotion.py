@@ -232,3 +232,31 @@ def test_a_change_that_died_midway_holds_the_store_only_until_its_lock_expires(t
     assert not served.store.exists("lock.json")  # released after
     served.store.put("lock.json", b"\x00 not json")  # unreadable: as old as can be
     assert served.record({"action": "refused"})["action"] == "refused"
+
+
+@pytest.mark.parametrize("since", ["1e18", "Infinity", "4102444800.0"])
+def test_a_lock_dated_impossibly_is_taken_over_at_once(tmp_path, since):
+    import dfp_shared.promotion as promotion
+
+    served = ServedDrafters(f"file://{tmp_path}/served", "d")
+    served.store.put(promotion.LOCK, f'{{"action": "promotion", "host": "h", "pid": 1, "since": {since}}}'.encode())
+    assert served.record({"action": "refused"})["action"] == "refused"
+    assert not served.store.exists(promotion.LOCK) and not list(served.store.list(promotion.LOCKS))
+
+
+def test_of_two_that_find_one_stale_lock_only_one_takes_it_and_a_late_holder_leaves_the_new_lock(tmp_path):
+    import dfp_shared.promotion as promotion
+
+    a, b, c = (ServedDrafters(f"file://{tmp_path}/served", "d") for _ in range(3))
+    stale = json.dumps({"action": "promotion", "host": "gone", "pid": 1, "since": 0.0}).encode()
+    a.store.put(promotion.LOCK, stale)
+    with a._changing("rollback"):  # a takes the stale lock over...
+        with pytest.raises(PromotionError, match="in progress"):  # ...b, finding a's live lock, is refused
+            b.record({"action": "refused"})
+        # c read the same stale lock before a replaced it: its takeover mark exists, so it is refused too
+        mark = f"{promotion.LOCKS}takeover-{hashlib.sha256(stale).hexdigest()[:32]}.json"
+        assert not c.store.put_if_absent(mark, b"c")
+        held = json.loads(a.store.get(promotion.LOCK))
+        # a change that ran past the TTL and was taken over (here: its token replaced) does not delete the new lock
+        a.store.put(promotion.LOCK, json.dumps({**held, "token": "the taker's"}).encode())
+    assert json.loads(a.store.get(promotion.LOCK))["token"] == "the taker's"

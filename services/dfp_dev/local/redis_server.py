@@ -103,21 +103,24 @@ class RedisServer:
         port answers too while this process fails to bind it."""
         client = redis.Redis(port=self.port)
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()  # refused while the data loads, unlike INFO
-                break
-            except redis.exceptions.BusyLoadingError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        pid = int(client.info("server")["process_id"])
-        if pid != self.proc.pid:
+        try:
+            while True:
+                try:
+                    client.ping()  # refused while the data loads, unlike INFO
+                    break
+                except redis.exceptions.BusyLoadingError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            holder = f"pid {int(client.info('server')['process_id'])}"
+        except redis.exceptions.AuthenticationError:  # this one has no password
+            holder = "it asks for a password"
+        if holder != f"pid {self.proc.pid}":
             try:
                 self.proc.wait(10)  # it cannot bind a port another server holds
             except subprocess.TimeoutExpired:
                 self.kill()
-            raise ExitedBeforeListening(f"found 127.0.0.1:{self.port} held by another redis-server (pid {pid})")
+            raise ExitedBeforeListening(f"found 127.0.0.1:{self.port} held by another redis-server ({holder})")
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:

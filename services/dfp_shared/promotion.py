@@ -160,7 +160,7 @@ class ServedDrafters:
         try:
             yield
         finally:
-            if self._lock_token() == token:  # a change that outlived the TTL and was taken over leaves it be
+            if self._lock_holder()[0]["token"] == token:  # a change that outlived the TTL and was taken over leaves it be
                 self.store.delete(LOCK)
             if mark is not None:
                 self.store.delete(mark)
@@ -173,20 +173,13 @@ class ServedDrafters:
                 raw = f.read(4096)
             held = json.loads(raw)
             return {"action": str(held.get("action"))[:32], "host": str(held.get("host"))[:253],
-                    "pid": str(held.get("pid"))[:16], "since": float(held["since"])}, raw
+                    "pid": str(held.get("pid"))[:16], "since": float(held["since"]), "token": held.get("token")}, raw
         except (NotFound, ValueError, TypeError, KeyError, AttributeError):  # released meanwhile, or unreadable
-            return {"action": "change", "host": "?", "pid": "?", "since": 0.0}, raw
+            return {"action": "change", "host": "?", "pid": "?", "since": 0.0, "token": None}, raw
 
     def _still(self, raw: bytes) -> bool:
         """Whether the lock still holds exactly ``raw`` (b"": none)."""
         return self._lock_holder()[1] == raw
-
-    def _lock_token(self) -> str | None:
-        try:
-            with self.store.open_read(LOCK) as f:
-                return json.loads(f.read(4096)).get("token")
-        except (NotFound, ValueError, AttributeError):
-            return None
 
     def record(self, event: dict) -> dict:
         """Add a decision that changes nothing served (a refusal) to the history; returns the event."""

@@ -85,15 +85,48 @@ def sampling_params(body: dict) -> dict:
     return params
 
 
-def is_greedy(params: dict) -> bool:
-    """Greedy decoding: temperature 0, or top-k 1 (an unset temperature is the engine's default: sampled)."""
-    return params.get("temperature") == 0 or params.get("top_k") == 1
+# Request fields that leave the tokens a greedy decoder picks as they are, for the prompt the record keeps;
+# every other field does unless it holds its neutral value (NEUTRAL), and an unknown field is taken to.
+ANSWER_NEUTRAL = frozenset({
+    "model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "include_stop_str_in_output",
+    "n", "user", "logprobs", "top_logprobs", "prompt_logprobs", "skip_special_tokens",
+    "spaces_between_special_tokens", "request_id", "priority", "metadata", "store", "service_tier",
+    "return_tokens_as_token_ids", "parallel_tool_calls", TEMPLATE_KWARGS})
+NEUTRAL = {  # fields that change the answer unless they hold one of these values (None: the field unset)
+    "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
+    "min_tokens": (0,), "ignore_eos": (False,), "bad_words": ([],), "allowed_token_ids": ([],),
+    "logits_processors": ([],), "response_format": ({"type": "text"},), "tools": ([],),
+    "tool_choice": ("none", "auto"), "add_generation_prompt": (True,), "continue_final_message": (False,),
+    "echo": (False,), "best_of": (1,), "use_beam_search": (False,), "suffix": ("",)}
+MAX_REASONS = 8
+
+
+def not_greedy_reasons(req: dict) -> list[str]:
+    """Why the answer to ``req`` is not the target's own greedy answer to its messages: ``sampled`` (neither
+    temperature 0 nor top-k 1; an unset temperature is the engine's default, sampled), then each field that
+    changes the tokens chosen (a logits processor, guided decoding, a response format, a template of the
+    request's own, a continuation, tools) by name; empty when it is."""
+    reasons = [] if req.get("temperature") == 0 or req.get("top_k") == 1 else ["sampled"]
+    for name, value in req.items():
+        if name in ANSWER_NEUTRAL or value is None or value in NEUTRAL.get(name, ()):
+            continue
+        reasons.append(encodable(str(name)[:64]))
+        if len(reasons) >= MAX_REASONS:
+            break
+    return reasons
 
 
 def _message(raw) -> dict:
     if not isinstance(raw, dict) or not isinstance(raw.get("role"), str):
         raise Unusable("unreadable_request", "a message without a role")
     return {k: clean(raw[k]) for k in MESSAGE_FIELDS if k in raw and isinstance(raw[k], (str, list))}
+
+
+def _drops_fields(raw: dict) -> bool:
+    """A message the record keeps less than all of (tool calls, say): its answer followed what the record lacks."""
+    return any(k not in MESSAGE_FIELDS and v is not None for k, v in raw.items()) or any(
+        k in raw and not isinstance(raw[k], (str, list)) and raw[k] is not None for k in MESSAGE_FIELDS)
 
 
 @dataclass
@@ -108,6 +141,7 @@ class Exchange:
     max_choices: int
     max_bytes: int
     size: int = 0
+    not_greedy: list[str] = field(default_factory=list)  # why the answer is not the target's own greedy one
     choices: dict[int, dict] = field(default_factory=dict)
 
     def add(self, index, content, reasoning, finish) -> None:
@@ -144,6 +178,7 @@ def admit(kind: str, body: bytes, max_messages: int, max_choices: int, max_bytes
         if len(messages) > max_messages:
             raise Unusable("too_large", f"{len(messages)} messages")
         prompt = [_message(m) for m in messages]
+        dropped = ["message_fields"] if any(_drops_fields(m) for m in messages) else []
     else:
         text = req.get("prompt")
         if isinstance(text, list) and len(text) == 1:
@@ -151,9 +186,11 @@ def admit(kind: str, body: bytes, max_messages: int, max_choices: int, max_bytes
         if not isinstance(text, str):
             raise Unusable("unsupported_prompt", "a prompt that is not one string")
         prompt = [{"role": "user", "content": encodable(text)}]
+        dropped = []
     model = req.get("model")
     return Exchange(kind, prompt, encodable(model) if isinstance(model, str) else None, sampling_params(req),
-                    bool(req.get("stream")), max_choices, max_bytes, size=len(body))
+                    bool(req.get("stream")), max_choices, max_bytes, size=len(body),
+                    not_greedy=(not_greedy_reasons(req) + dropped)[:MAX_REASONS])
 
 
 def _choice_parts(exchange: Exchange, choice: dict, delta_key: str):
@@ -254,7 +291,9 @@ def settle(exchange: Exchange, reply: bytes, events: EventReader | None, whole: 
 def completion_records(exchange: Exchange, record_id: str, meta: dict) -> list[dict]:
     """The exchange as completion records, one a choice; ``meta`` (capture fields) is added to each."""
     base = {"model": exchange.model, "sampling": exchange.params, "endpoint": exchange.kind,
-            "greedy": is_greedy(exchange.params), **meta}
+            "greedy": not exchange.not_greedy, **meta}
+    if exchange.not_greedy:
+        base["not_greedy"] = exchange.not_greedy
     records = []
     for index in sorted(exchange.choices):
         choice = exchange.choices[index]

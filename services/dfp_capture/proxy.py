@@ -35,13 +35,20 @@ COMPACT_BYTES = 2**20  # a stream's kept bytes past which they are read into its
 YES, NO = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
+def header_words(headers, name: str) -> list[str]:
+    """Every value of a header, however sent: repeated, listed with commas, or both."""
+    values = headers.getlist(name) if hasattr(headers, "getlist") else \
+        [v for k, v in headers.items() if k.lower() == name.lower()]
+    return [word.strip().lower() for value in values for word in value.split(",")]
+
+
 def wants_capture(settings: CaptureSettings, headers) -> bool:
-    """The request's own header first (``0`` always opts out, ``1`` opts in), else the operator's switch;
-    then the sampling rate."""
-    said = (headers.get(settings.capture_header) or "").strip().lower()
-    if said in NO:
+    """The request's own header first (a ``0`` among its values opts out, wherever it is; else a ``1`` opts
+    in), else the operator's switch; then the sampling rate."""
+    said = header_words(headers, settings.capture_header)
+    if any(word in NO for word in said):
         return False
-    if said not in YES and not settings.capture_enabled:
+    if not any(word in YES for word in said) and not settings.capture_enabled:
         return False
     return settings.capture_sample_rate >= 1.0 or random.random() < settings.capture_sample_rate
 

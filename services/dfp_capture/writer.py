@@ -12,6 +12,7 @@ retention. A full queue or a failed write drops the captures (counted); the requ
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import secrets
@@ -21,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from dfp_shared.capture_source import CAPTURED_AT_FORMAT, HOUR_FORMAT, HOUR_RE
-from dfp_shared.completions import encode_records, records_key
+from dfp_shared.completions import ID, META, encode_records, records_key
 from dfp_shared.storage import ObjectStore
 
 from . import metrics
@@ -32,7 +33,11 @@ REDACTED = "[REDACTED]"
 
 
 class Redactor:
-    """Every string of a record, keys and values, with each pattern's matches replaced."""
+    """Every scalar of a record, keys and values, with each pattern's matches replaced: strings as they are,
+    numbers as their JSON text (a number a pattern matches becomes the redacted string). Booleans and nulls
+    carry no text to match and stay; so do the fields the service writes itself (``OWN_META``)."""
+
+    OWN_META = frozenset({"source", "captured_at", "incomplete", "greedy", "endpoint", "choice"})
 
     def __init__(self, patterns: list[str]):
         self.patterns = [re.compile(p) for p in patterns]
@@ -47,11 +52,22 @@ class Redactor:
             return value
         if isinstance(value, str):
             return self.text(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            rendered = json.dumps(value)
+            redacted = self.text(rendered)
+            return value if redacted == rendered else redacted
         if isinstance(value, list):
             return [self(v) for v in value]
         if isinstance(value, dict):
             return {self.text(k): self(v) for k, v in value.items()}
         return value
+
+    def record(self, record: dict) -> dict:
+        """A completion record redacted, less its id and the service's own meta fields."""
+        if not self.patterns:
+            return record
+        meta = {k: v if k in self.OWN_META else self(v) for k, v in record[META].items()}
+        return {**{k: v if k == ID else self(v) for k, v in record.items() if k != META}, META: meta}
 
 
 @dataclass
@@ -163,7 +179,7 @@ class CaptureWriter:
         except Unusable as exc:
             metrics.dropped(exc.reason)
             return []
-        lines = [encode_records([self.redact(record)]) for record in records]
+        lines = [encode_records([self.redact.record(record)]) for record in records]
         kept = []
         for line in lines:
             if len(line) > self.max_record_bytes:

@@ -260,6 +260,29 @@ def test_spec_counters_from_the_metrics_page_and_whole_block_counts_agree():
     assert counts == {"drafts": 4, "accepted": 4, "per_position": [2, 1, 1], "acceptance_length": 2.0}
 
 
+def test_spec_counters_read_samples_with_timestamps_escaped_label_values_and_typed_families():
+    from dfp_dev.serving.vllm_server import parse_spec_counters
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    page = ('vllm:num_requests_running{model_name="a\\"b"} 3 1700000000000\n'
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="a\\"}b"} 5.0 1700000000000\n'
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="x\\\\",position="1"} 2 1700000000000\n')
+    counters = parse_spec_counters(page)
+    assert counters.drafts == 5 and counters.per_position == [0, 2]
+    # the page as prometheus_client (vLLM's exporter) writes it: HELP and TYPE lines, _created samples
+    registry = CollectorRegistry()
+    drafts = Counter("vllm:spec_decode_num_drafts", "drafts", ["engine", "model_name"], registry=registry)
+    per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "per position",
+                      ["engine", "model_name", "position"], registry=registry)
+    for engine in ("0", "1"):
+        drafts.labels(engine, 'say "hi"').inc(3)
+        per_pos.labels(engine, "m", "0").inc(2)
+    counters = parse_spec_counters(generate_latest(registry).decode())
+    assert counters.drafts == 6 and counters.per_position == [4]
+    with pytest.raises(ValueError):
+        parse_spec_counters("<html><body>not found</body></html>")
+
+
 def test_compare_names_the_first_differing_token_and_ignores_the_stop_token():
     from dfp_dev.serving.check import compare
 

@@ -25,6 +25,13 @@ def test_kv_tokens_of_a_vllm_metrics_page_and_the_concurrency_they_allow():
     assert concurrency_for(None, 256) == DEFAULT_CONCURRENCY
 
 
+def test_kv_tokens_reads_samples_with_timestamps_and_escaped_label_values():
+    page = ('vllm:num_requests_running{model_name="a\\"b"} 3 1700000000000\n'
+            'vllm:cache_config_info{block_size="16",cache_dtype="a\\"}b",num_gpu_blocks="1456"} 1.0 1700000000000\n')
+    assert kv_tokens(page) == 1456 * 16  # the brace inside a quoted label value does not end the labels
+    assert kv_tokens("<html><body>not found</body></html>") is None
+
+
 def _run(server: LoopbackOpenAI, n: int, max_new_tokens: int, concurrency: int | None = None) -> int:
     engine = OpenAIEngine(server.base_url, "m", concurrency=concurrency, timeout_s=30, max_retries=0)
     try:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from ..local.processes import ProcessGroup
 from ..local.redis_server import free_port
@@ -23,8 +23,6 @@ from ..local.redis_server import free_port
 # head sizes vLLM's CPU attention backend serves; any other kills the engine at the first request
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 SPEC_PREFIX = "vllm:spec_decode_"
-_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$')
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 @dataclass
@@ -51,20 +49,21 @@ class SpecCounters:
 
 
 def parse_spec_counters(text: str) -> SpecCounters:
-    """The ``vllm:spec_decode_*_total`` samples of a Prometheus text page (summed over engines)."""
+    """The ``vllm:spec_decode_*_total`` samples of a Prometheus text page (summed over engines); a ValueError
+    for a page that is not Prometheus text."""
     out = SpecCounters()
     per_pos: dict[int, float] = {}
     names = {"num_drafts_total": "drafts", "num_draft_tokens_total": "draft_tokens",
              "num_accepted_tokens_total": "accepted"}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line.strip())
-        if not m or not m["name"].startswith(SPEC_PREFIX):
+    samples = (sample for family in text_string_to_metric_families(text) for sample in family.samples)
+    for sample in samples:
+        if not sample.name.startswith(SPEC_PREFIX):
             continue
-        name, value = m["name"][len(SPEC_PREFIX):], float(m["value"])
+        name, value = sample.name[len(SPEC_PREFIX):], float(sample.value)
         if name in names:
             setattr(out, names[name], getattr(out, names[name]) + value)
         elif name == "num_accepted_tokens_per_pos_total":
-            pos = int(dict(_LABEL.findall(m["labels"] or "")).get("position", -1))
+            pos = int(sample.labels.get("position", -1))
             if pos >= 0:
                 per_pos[pos] = per_pos.get(pos, 0.0) + value
     out.per_position = [per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)] if per_pos else []

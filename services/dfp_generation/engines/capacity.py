@@ -14,24 +14,27 @@ grow to the budget), between 1 and :data:`AUTO_MAX`. A server that publishes no 
 from __future__ import annotations
 
 import logging
-import re
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = 64
 AUTO_MAX = 64
-_CACHE_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.MULTILINE)
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
+CACHE_INFO = "vllm:cache_config_info"
 
 
 def kv_tokens(metrics_text: str) -> int | None:
     """Tokens of KV cache a vLLM ``/metrics`` page reports (blocks x block size); None when it reports none."""
-    match = _CACHE_INFO.search(metrics_text)
-    if not match:
+    try:
+        labels = next((sample.labels for family in text_string_to_metric_families(metrics_text)
+                       for sample in family.samples if sample.name == CACHE_INFO), None)
+    except ValueError as exc:  # not Prometheus text (up to the cache's sample)
+        log.info("unreadable metrics page", extra={"error": str(exc)})
         return None
-    labels = dict(_LABEL.findall(match.group(1)))
+    if labels is None:
+        return None
     try:
         blocks, block_size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
     except (KeyError, ValueError):

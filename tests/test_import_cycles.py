@@ -1,5 +1,5 @@
 """The import graph of services/: no cycle between modules, no service importing another service, and
-nothing importing the development tooling (dfp_dev) but the umbrella command's guarded registration.
+nothing importing the development tooling (dfp_dev): the umbrella command finds its commands through an entry point.
 
 Every import counts, also those inside functions. ``from pkg import name`` imports the submodule
 ``pkg.name`` when there is one, else it goes through ``pkg/__init__``. The generated gRPC code
@@ -16,7 +16,7 @@ SKIPPED = ("dfp_shared.rpc",)
 SHARED = "dfp_shared"
 UMBRELLA = "dfp_cli"  # the `dflash-pipeline` command: it may import the service CLIs
 DEV = "dfp_dev"  # development and demo tooling: it drives the services, and may import any of them
-DEV_REGISTRY = "dfp_dev.commands"  # what the umbrella imports of DEV, after checking that it is installed
+DEV_REGISTRY = "dfp_dev.commands"  # the command table DEV registers under the umbrella's entry point group
 
 
 def module_files() -> dict[str, Path]:
@@ -125,34 +125,29 @@ def test_services_import_no_other_service_but_the_shared_package():
     assert not wrong, "\n".join(sorted(wrong))
 
 
-def test_nothing_imports_the_development_tooling_but_the_umbrellas_registration():
+def test_nothing_imports_the_development_tooling():
     wrong = []
     for module, targets in import_graph().items():
         own = module.split(".")[0]
         for target in targets:
             if own == DEV or target.split(".")[0] != DEV:
                 continue
-            if module == f"{UMBRELLA}.main" and target == DEV_REGISTRY:
-                continue
             wrong.append(f"{module} imports {target}")
     assert not wrong, "\n".join(sorted(wrong))
 
 
-def test_the_umbrella_imports_the_development_registry_only_once_it_is_found():
-    """dfp_cli.main imports dfp_dev only in a function that asks ``importlib.util.find_spec("dfp_dev")``,
-    so a `dflash-pipeline` without dfp_dev (the images) works, and a broken dfp_dev still fails loudly."""
-    tree = ast.parse((SERVICES / UMBRELLA / "main.py").read_text())
-    guarded = set()
-    for fn in ast.walk(tree):
-        if isinstance(fn, ast.FunctionDef) and f"find_spec('{DEV}')" in ast.unparse(fn):
-            guarded.update(id(node) for node in ast.walk(fn))
+def test_the_umbrella_reaches_the_development_commands_through_an_entry_point():
+    """No module of the umbrella names the development package: its commands come through the
+    ``dflash_pipeline.commands`` entry point the project declares, so a ``dflash-pipeline`` without dfp_dev
+    (the images) works, and an installed dfp_dev's commands are offered."""
+    from dfp_cli.main import ENTRY_POINTS, commands
 
-    def names(node) -> set[str]:
-        return {name.split(".")[0] for name in (getattr(node, "module", None) or "", *(a.name for a in node.names))}
-
-    imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) and DEV in names(node)]
-    assert imports, "the umbrella no longer registers the development commands"
-    assert all(id(node) in guarded for node in imports), "dfp_dev imported outside the find_spec guard"
+    for path in (SERVICES / UMBRELLA).rglob("*.py"):
+        assert DEV not in path.read_text(), f"{path.name} names {DEV}"
+    pyproject = (SERVICES.parent / "pyproject.toml").read_text()
+    assert f'[project.entry-points."{ENTRY_POINTS}"]\ndev = "{DEV_REGISTRY}"' in pyproject
+    table, helps = commands()
+    assert table["demo"].startswith(f"{DEV}.") and "demo" in helps
 
 
 TRAINER = "dfp_trainer"

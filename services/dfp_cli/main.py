@@ -1,6 +1,7 @@
-"""The ``dflash-pipeline`` command: one subcommand group per service, plus the job client, and the
-development commands (demo, serve-check, build-target) of :mod:`dfp_dev` where that package is installed
-(the images leave it out).
+"""The ``dflash-pipeline`` command: one subcommand group per service, plus the job client, and the commands
+other installed packages register under the ``dflash_pipeline.commands`` entry point group (the development
+commands demo, serve-check and build-target come that way where the development package is installed; the
+images leave it out).
 
 Groups are imported lazily so ``--help`` is fast and a service's heavy imports (torch, grpc)
 load only when that service runs.
@@ -8,8 +9,9 @@ load only when that service runs.
 
 from __future__ import annotations
 
+import functools
 import importlib
-import importlib.util
+import importlib.metadata
 
 import click
 
@@ -45,14 +47,30 @@ HELP = {
 }
 
 
-def commands() -> tuple[dict[str, str], dict[str, str]]:
-    """The command table and its help: the services' and the client's, plus dfp_dev's where it is installed."""
-    if importlib.util.find_spec("dfp_dev") is None:
-        return COMMANDS, HELP
-    from dfp_dev.commands import COMMANDS as DEV_COMMANDS
-    from dfp_dev.commands import HELP as DEV_HELP
+ENTRY_POINTS = "dflash_pipeline.commands"  # each entry: a module with COMMANDS and HELP tables of this shape
 
-    return {**COMMANDS, **DEV_COMMANDS}, {**HELP, **DEV_HELP}
+
+@functools.lru_cache(maxsize=1)
+def registered() -> list:
+    """The command tables of the installed packages that register some; an entry whose package is not
+    installed (its name in the metadata, its module gone, as in the images) is left out."""
+    tables = []
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        try:
+            tables.append(entry.load())
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not entry.value.startswith(exc.name.split(".")[0]):
+                raise
+    return tables
+
+
+def commands() -> tuple[dict[str, str], dict[str, str]]:
+    """The command table and its help: the services' and the client's, plus those registered by entry points."""
+    found, helps = dict(COMMANDS), dict(HELP)
+    for table in registered():
+        found.update(table.COMMANDS)
+        helps.update(table.HELP)
+    return found, helps
 
 
 class LazyGroup(click.Group):

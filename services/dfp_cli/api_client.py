@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import click
 import httpx
 from dfp_shared.printable import printable
+from httpx_sse import EventSource, SSEError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -51,7 +52,8 @@ def _error_lines(resp: httpx.Response) -> str:
 
 
 def sse_events(api: Api, job_id: str, last_id: str | None = None) -> Iterator[tuple[str, str | None, dict]]:
-    """(event, id, data) from the job's event stream, reconnecting (with Last-Event-ID) until ``end``."""
+    """(event, id, data) from the job's event stream, reconnecting (with Last-Event-ID) until ``end``. The id
+    is the stream's last event id (an event without one of its own carries the one before it, as SSE has it)."""
     failures = 0
     while True:
         headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
@@ -61,29 +63,19 @@ def sse_events(api: Api, job_id: str, last_id: str | None = None) -> Iterator[tu
                 if resp.status_code >= 400:
                     resp.read()
                     raise click.ClickException(describe_error(resp))
-                event, data, ev_id = "message", [], None
-                for line in resp.iter_lines():
-                    if line == "":
-                        if data:
-                            payload = json.loads("\n".join(data))
-                            if ev_id:
-                                last_id = ev_id
-                            yield event, ev_id, payload
-                            if event == "end":
-                                return
-                        event, data, ev_id = "message", [], None
-                    elif line.startswith(":"):
+                for sse in EventSource(resp).iter_sse():
+                    if not sse.data:
                         continue
-                    else:
-                        field, _, value = line.partition(":")
-                        value = value[1:] if value.startswith(" ") else value
-                        if field == "event":
-                            event = value
-                        elif field == "data":
-                            data.append(value)
-                        elif field == "id":
-                            ev_id = value
+                    payload = json.loads(sse.data)
+                    if sse.id:
+                        last_id = sse.id
+                    yield sse.event, sse.id or None, payload
+                    if sse.event == "end":
+                        return
             failures = 0
+        except SSEError as exc:
+            raise click.ClickException(f"the API at {api.http.base_url} did not answer with an event stream: "
+                                       f"{exc}") from None
         except httpx.TransportError as exc:
             failures += 1
             if failures > 5:

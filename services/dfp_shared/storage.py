@@ -11,12 +11,13 @@ import logging
 import os
 import random
 import tempfile
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
+
+from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception_type, stop_after_attempt
 
 from .s3_range_reader import S3RangeReader
 
@@ -281,26 +282,39 @@ def _check_page_size(page_size: int) -> None:
         raise StorageError(f"list page_size must be at least 1, got {page_size}")
 
 
+class _Transient(Exception):
+    """A transient storage error (its reason the message), worth another attempt."""
+
+
 def _retry(fn: Callable, what: str, attempts: int = RETRY_ATTEMPTS, base_delay: float = 0.2):
     """Call ``fn``, retrying transient S3/network errors with exponential backoff and jitter.
 
     The boto3 client retries each request itself; this loop also covers what it cannot: a
     connection broken while a body streams, a multipart transfer that failed as a whole.
     """
-    for attempt in range(1, attempts + 1):
+    def attempt():
         try:
             return fn()
         except Exception as exc:
             reason = _transient_reason(exc, what)
             if reason is None:
                 raise
-        if attempt == attempts:
-            raise StorageError(f"{what}: {reason} (gave up after {attempts} attempts)")
-        delay = base_delay * 2 ** (attempt - 1) * (0.5 + random.random())
+            raise _Transient(reason) from exc
+
+    def backoff(state: RetryCallState) -> float:  # between half and one and a half of the doubling delay
+        return base_delay * 2 ** (state.attempt_number - 1) * (0.5 + random.random())
+
+    def logged(state: RetryCallState) -> None:
         log.warning("transient storage error, retrying",
-                    extra={"what": what, "reason": reason, "attempt": attempt, "delay_s": round(delay, 3)})
-        time.sleep(delay)
-    raise AssertionError("unreachable")
+                    extra={"what": what, "reason": str(state.outcome.exception()), "attempt": state.attempt_number,
+                           "delay_s": round(state.next_action.sleep, 3)})
+
+    try:
+        return Retrying(stop=stop_after_attempt(attempts), wait=backoff, retry=retry_if_exception_type(_Transient),
+                        before_sleep=logged)(attempt)
+    except RetryError as exc:
+        reason = exc.last_attempt.exception()
+        raise StorageError(f"{what}: {reason} (gave up after {attempts} attempts)") from None
 
 
 def _transient_reason(exc: Exception, what: str) -> str | None:

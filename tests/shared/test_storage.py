@@ -286,3 +286,66 @@ def test_uri_helpers():
             canonical_uri(bad)
     with pytest.raises(StorageError, match="scheme"):
         open_store("gs://bucket")
+
+
+def test_the_store_s_retry_loop(monkeypatch, caplog):
+    """Transient errors retried with doubling pauses (jitter of half to one and a half), the last one's
+    reason named when the attempts run out; a lasting error or a foreign exception at once, unretried."""
+    import random
+    import time
+
+    from botocore.exceptions import ClientError, EndpointConnectionError
+    from dfp_shared import storage
+
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    monkeypatch.setattr(random, "random", lambda: 0.75)  # jitter factor 1.25
+
+    def failing(*errors, result="done"):
+        calls = []
+
+        def fn():
+            calls.append(1)
+            if len(calls) <= len(errors):
+                raise errors[len(calls) - 1]
+            return result
+        return fn, calls
+
+    slow = ClientError({"Error": {"Code": "SlowDown", "Message": "reduce your rate"},
+                        "ResponseMetadata": {"HTTPStatusCode": 503}}, "GetObject")
+    down = EndpointConnectionError(endpoint_url="http://s3.test")
+    fn, calls = failing(slow, down)
+    with caplog.at_level(logging.WARNING, logger="dfp_shared.storage"):
+        assert storage._retry(fn, "s3://b/k", attempts=5) == "done"
+    assert len(calls) == 3 and slept == [0.25, 0.5]
+    logged = [(r.attempt, r.delay_s, r.reason) for r in caplog.records if r.msg == "transient storage error, retrying"]
+    assert logged == [(1, 0.25, "SlowDown: reduce your rate"),
+                      (2, 0.5, 'EndpointConnectionError: Could not connect to the endpoint URL: "http://s3.test"')]
+
+    slept.clear()
+    fn, calls = failing(down, slow, down, slow)
+    with pytest.raises(StorageError) as err:
+        storage._retry(fn, "s3://b/k", attempts=3, base_delay=1.0)
+    assert str(err.value) == "s3://b/k: EndpointConnectionError: Could not connect to the endpoint URL: " \
+                             '"http://s3.test" (gave up after 3 attempts)'
+    assert err.value.__cause__ is None and len(calls) == 3 and slept == [1.25, 2.5]
+
+    slept.clear()
+    fn, calls = failing(slow)
+    with pytest.raises(StorageError, match=r"^s3://b/k: SlowDown: reduce your rate \(gave up after 1 attempts\)$"):
+        storage._retry(fn, "s3://b/k", attempts=1)
+    missing = ClientError({"Error": {"Code": "NoSuchKey"}, "ResponseMetadata": {"HTTPStatusCode": 404}}, "GetObject")
+    fn, calls = failing(missing)
+    with pytest.raises(NotFound, match="s3://b/k: no such object"):
+        storage._retry(fn, "s3://b/k")
+    assert len(calls) == 1
+    denied = ClientError({"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "GetObject")
+    fn, calls = failing(denied)
+    with pytest.raises(StorageError, match="access denied"):
+        storage._retry(fn, "s3://b/k")
+    assert len(calls) == 1
+    foreign = ValueError("not a storage error")
+    fn, calls = failing(foreign)
+    with pytest.raises(ValueError) as err:
+        storage._retry(fn, "s3://b/k")
+    assert err.value is foreign and len(calls) == 1 and slept == []

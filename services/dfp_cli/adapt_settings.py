@@ -16,8 +16,9 @@ class AdaptSettings(CommonSettings):
     api_key: SecretStr | None = Field(None, description="API key the jobs are submitted with (environment only).")
     adapt_name: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
                             description="Name of the served drafter: its folder under the served location.")
-    adapt_served: str = Field("", description="Served location (inside the storage roots): <served>/<name>/current/ is "
-                                              "what serving reads; empty: <storage_url>/served.")
+    adapt_served: str = Field("", description="Served location (inside the storage roots): <served>/<name>/current.json "
+                                              "names the version serving reads (dflash-pipeline adapt current); empty: "
+                                              "<storage_url>/served.")
     adapt_capture_prefix: str = Field("", description="Capture prefix the traffic is read from; empty: "
                                                       "<storage_url>/capture.")
     adapt_runs: str = Field("", description="Prefix each run's data, jobs' outputs and evaluations go under "

@@ -32,6 +32,7 @@ from dfp_shared.worker import Worker
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler
 
+from tests.shared.test_promotion import current_files
 from tests.trainer.train_support import tiny_spec, torch_threads
 
 from .conftest import WRITE_KEY, served
@@ -125,14 +126,14 @@ def test_traffic_to_a_refused_then_a_judged_candidate(make_app, redis_client, wo
         regenerated = open_store(first["run"] + "generated/completions/")
         assert [k for k in regenerated.list("") if k.endswith(".jsonl")]  # the sampled ones, answered again
         served_store = ServedDrafters(f"{root}/served", "tiny")
-        assert served_store.current_version() is None and not list(served_store.store.list("current/"))
+        assert served_store.current_version() is None and served_store.current() is None
         # the run claimed the served store for its key: another principal's job cannot write what serving reads
         claims = OutputClaims(StorageRoots.from_settings(AdaptSettings(**base)))
         with pytest.raises(OutputOwned, match="belongs to 'writer'"):
-            claims.claim(served_store.current_uri, "reader", "job-of-another-key")
+            claims.claim(served_store.version_uri(1), "reader", "job-of-another-key")
 
         served_store.promote(untrained_export(tiny_qwen3_dir, specs, tmp_path / "untrained"), {"by": "operator"})
-        version1 = {k: served_store.store.get(k) for k in served_store.store.list("current/")}
+        version1 = current_files(served_store)
         specs["train"].update(steps=30, lr=1e-2)
         second = adapt_once(jobs, AdaptSettings(**{**base, "adapt_window_hours": 1.0, "adapt_heldout_share": 0.3},
                                                 adapt_threshold=0.5, adapt_z=1.0), specs, now=NOW + timedelta(hours=1))
@@ -156,10 +157,9 @@ def test_traffic_to_a_refused_then_a_judged_candidate(make_app, redis_client, wo
     assert [e["action"] for e in history["events"]] == ["refused", "promoted", "promoted"]
     assert history["stack"] == [1, 2]
     candidate = open_store(pipeline.outputs["drafter"])
-    assert {k: served_store.store.get("current/" + k) for k in candidate.list("")} == \
-           {k: candidate.get(k) for k in candidate.list("")}
+    assert current_files(served_store) == {k: candidate.get(k) for k in candidate.list("")}
     served_store.rollback("back to version 1")
-    assert {k: served_store.store.get(k) for k in served_store.store.list("current/")} == version1
+    assert current_files(served_store) == version1 and served_store.current().version == 1
 
 
 def api_job(r, job_id: str):

@@ -253,7 +253,7 @@ def run(args, work: Path, times: dict) -> dict:
     prompts = parts.domain_prompts(args.requests, seed=args.seed)
     tail = prompts[-heldout_count(len(prompts), args.heldout_share):]
     began = time.perf_counter()
-    server = VllmServer(python, model, logs, drafter_dir=Path(served.current_uri.removeprefix("file://")),
+    server = VllmServer(python, model, logs, drafter_dir=Path(served.current().uri.removeprefix("file://")),
                         num_speculative_tokens=draft_len, name="version_1").start()
     times["vllm_start_version_1"] = round(time.perf_counter() - began, 1)
     try:

@@ -204,3 +204,38 @@ def test_the_capture_retention_is_bounded_as_the_runs_read_it():
     with helm_python.Chart.load(str(CHART_DIR)) as chart, pytest.raises(helm_python.HelmError) as err:
         chart.validate_schema(chart.merge_values({"capture": {"retentionHours": MAX_RETENTION_HOURS + 1}}))
     assert "at '/capture/retentionHours'" in str(err.value)
+
+
+def _notes(values: dict) -> str:
+    return next(text for path, text in render(values).items() if path.endswith("NOTES.txt"))
+
+
+def test_the_notes_serve_the_drafter_through_the_pointer(tmp_path):
+    """Serving resolves the pointer as each serving pod starts: the release's notes give the line that copies the
+    served version down and writes the speculative config, and that line works against a served store."""
+    import shlex
+
+    from click.testing import CliRunner
+    from dfp_cli.main import cli
+    from dfp_shared.promotion import ServedDrafters
+
+    from tests.shared.test_promotion import write_export
+
+    assert "adapt current" not in _notes({})
+    served = f"file://{tmp_path}/it's served"  # a quote in the location stays one shell word
+    notes = _notes({"adapt": {"enabled": True, "name": "qwen3-8b", "served": served},
+                    "storage": {"url": f"file://{tmp_path}"}})
+    assert "current.json" in notes and "current/" not in notes
+    (line,) = [ln.strip() for ln in notes.splitlines() if ln.strip().startswith("dflash-pipeline adapt current")]
+    write_export(f"file://{tmp_path}/c1", 1)
+    ServedDrafters(served, "qwen3-8b").promote(f"file://{tmp_path}/c1/", {})
+    argv = shlex.split(line.replace("/drafter/", f"{tmp_path}/pod/"))
+    assert argv[:3] == ["dflash-pipeline", "adapt", "current"] and argv[-2] == ">"
+    out = CliRunner().invoke(cli, argv[1:-2], env={"DFLASH_STORAGE_URL": f"file://{tmp_path}",
+                                                   "DFLASH_LOG_JSON": "false"})
+    assert out.exit_code == 0, out.stderr
+    assert (tmp_path / "pod" / "spec.json").as_posix() == argv[-1]
+    assert json.loads(out.stdout) == {"method": "dflash", "model": f"{tmp_path}/pod/model",
+                                      "num_speculative_tokens": 15}
+    assert (tmp_path / "pod" / "model" / "config.json").read_bytes() == \
+           (tmp_path / "it's served" / "qwen3-8b" / "versions" / "1" / "config.json").read_bytes()

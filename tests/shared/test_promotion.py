@@ -28,8 +28,12 @@ def write_export(store_uri: str, seed: int, endpoint_url: str | None = None, ext
 
 
 def current_files(served: ServedDrafters) -> dict[str, bytes]:
-    store = served.store
-    return {k[len("current/"):]: store.get(k) for k in store.list("current/")}
+    """The files of the drafter serving reads: the version the pointer names."""
+    now = served.current()
+    if now is None:
+        return {}
+    prefix = f"versions/{now.version}/"
+    return {k[len(prefix):]: served.store.get(k) for k in served.store.list(prefix)}
 
 
 # --- the rule ----------------------------------------------------------------------------------------------
@@ -117,7 +121,7 @@ def test_promote_then_rollback_restores_the_previous_drafter_byte_for_byte(place
     event = served.rollback("regressed in production")
     assert event == {**event, "action": "rolled_back", "version": 1, "undone": 2}
     restored = current_files(served)
-    assert restored == first  # the same files, every byte; the second's extra file is gone
+    assert restored == first  # the same files, every byte; the second's extra file is not served
     assert {k: hashlib.sha256(v).hexdigest() for k, v in restored.items()} == \
            {k: hashlib.sha256(v).hexdigest() for k, v in first.items()}
     assert served.current_version() == 1
@@ -189,7 +193,7 @@ def test_a_long_history_drops_its_oldest_events_and_stays_readable(tmp_path, mon
 
 def test_a_rollback_while_a_promotion_copies_is_refused_and_nothing_is_lost(tmp_path, monkeypatch):
     """A scheduled run's promotion and an operator's rollback at once: the second waits its turn (refused, naming
-    the change in progress), instead of both rewriting ``current/`` and the history from what each read first."""
+    the change in progress), instead of both moving the served pointer and rewriting the history from what each read first."""
     import dfp_shared.promotion as promotion
 
     served = ServedDrafters(f"file://{tmp_path}/served", "d")

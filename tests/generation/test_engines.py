@@ -186,6 +186,73 @@ def test_openai_connection_refused_is_an_error_not_a_crash():
     assert not res[0].ok and "connection error" in res[0].error and res[0].attempts == 2
 
 
+def test_openai_retry_pauses_attempts_and_retry_after(monkeypatch):
+    """Pauses double from the base up to the cap (jitter of half to the whole of it); a Retry-After answer
+    waits what it asks, up to 300 s, past the cap; each retry is counted by its reason; the last failure
+    names itself and the attempts; a 4xx other than 429 fails at once."""
+    import asyncio
+    import random
+
+    import httpx
+    from prometheus_client import REGISTRY
+
+    slept: list[float] = []
+
+    async def sleep(seconds):
+        slept.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    monkeypatch.setattr(random, "random", lambda: 0.5)  # jitter factor 0.75
+    engine = OpenAIEngine("http://openai.test/v1", "m", max_retries=5, backoff_base_s=1.0, backoff_max_s=3.0)
+    answer = {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+
+    def run(*script):
+        calls: list[httpx.Request] = []
+        slept.clear()
+
+        def handler(request: httpx.Request) -> httpx.Response:
+            calls.append(request)
+            step = script[len(calls) - 1] if len(calls) <= len(script) else 200
+            if isinstance(step, Exception):
+                raise step
+            status, headers = step if isinstance(step, tuple) else (step, {})
+            if status == 200:
+                return httpx.Response(200, json=answer)
+            return httpx.Response(status, headers=headers, text=f"injected\n{status}")
+
+        async def request():
+            async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+                return await engine._request(client, GenRequest("a", [{"role": "user", "content": "hi"}], 1),
+                                             SamplingParams(0.0, 1.0, 8, True))
+        return asyncio.run(request()), len(calls)
+
+    def retries(reason: str) -> float:
+        return REGISTRY.get_sample_value("dfp_generation_http_retries_total", {"reason": reason}) or 0.0
+
+    before = {r: retries(r) for r in ("500", "429", "503", "timeout", "connection")}
+    result, calls = run(500, (429, {"Retry-After": "1000"}), (503, {"Retry-After": "2"}),
+                        httpx.ReadTimeout("slow"), httpx.ConnectError("refused"))
+    assert result.ok and result.content == "hi" and result.attempts == 6 and calls == 6
+    assert slept == [0.75, 300.0, 2.0, 2.25, 2.25]
+    assert {r: retries(r) - n for r, n in before.items()} == dict.fromkeys(before, 1.0)
+
+    result, calls = run(500, 502, (503, {"Retry-After": "7"}), 500, 500, 500, 200)
+    assert not result.ok and result.attempts == 6 and calls == 6
+    assert result.error == "failed after 6 attempts; last: HTTP 500: injected 500"
+    assert slept == [0.75, 1.5, 7.0, 2.25, 2.25]
+
+    result, calls = run(429, 400)
+    assert (result.error, result.attempts, calls, slept) == ("HTTP 400: injected 400", 2, 2, [0.75])
+    result, calls = run(httpx.ConnectError("refused"), (200, {}))
+    assert result.ok and result.attempts == 2
+
+    engine = OpenAIEngine("http://openai.test/v1", "m", max_retries=0)
+    result, calls = run(httpx.ConnectTimeout("slow"))
+    assert (result.error, result.attempts, calls, slept) == (
+        "failed after 1 attempts; last: timeout: ConnectTimeout", 1, 1, [])
+
+
 def test_transformers_hybrid_target_batches_like_single_requests(tiny_hybrid_dir):
     """A Qwen3.5-style hybrid (linear + full attention) target: left-padded batches match lone requests."""
     import torch

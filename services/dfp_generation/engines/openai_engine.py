@@ -18,10 +18,12 @@ import random
 import threading
 import time
 from collections import deque
+from typing import NamedTuple
 
 import httpx
 from dfp_shared.thinking import split_thinking
 from prometheus_client import Counter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt
 
 from .base import Engine, GenRequest, GenResult, ResultCallback, SamplingParams, StopCheck
 from .capacity import concurrency_for, server_kv_tokens
@@ -30,6 +32,14 @@ log = logging.getLogger(__name__)
 
 ONE_CONNECTION = httpx.Limits(max_connections=1, max_keepalive_connections=1)
 RETRIES = Counter("dfp_generation_http_retries_total", "Retried OpenAI-API requests", ["reason"])
+
+
+class _Retry(NamedTuple):
+    """An attempt worth repeating: its error, the reason it is counted by, and the Retry-After it asked for."""
+
+    error: str
+    reason: str
+    retry_after: float | None = None
 
 
 class OpenAIEngine(Engine):
@@ -134,34 +144,41 @@ class OpenAIEngine(Engine):
 
     async def _request(self, client: httpx.AsyncClient, req: GenRequest, params: SamplingParams) -> GenResult:
         body = self.body(req, params)
-        last_error = ""
-        for attempt in range(self.max_retries + 1):
-            delay = self._backoff(attempt)
+        attempts = 0
+
+        async def attempt() -> GenResult | _Retry:
+            nonlocal attempts
+            attempts += 1
             try:
                 resp = await client.post(self.url, json=body)
             except httpx.TimeoutException as exc:
-                last_error, reason = f"timeout: {type(exc).__name__}", "timeout"
+                return _Retry(f"timeout: {type(exc).__name__}", "timeout")
             except httpx.TransportError as exc:
-                last_error, reason = f"connection error: {type(exc).__name__}: {exc}", "connection"
-            else:
-                if resp.status_code == 200:
-                    return self._parse(req, resp, attempt + 1)
-                snippet = resp.text[:300].replace("\n", " ")
-                last_error = f"HTTP {resp.status_code}: {snippet}"
-                if resp.status_code != 429 and resp.status_code < 500:
-                    return GenResult(id=req.id, error=last_error, attempts=attempt + 1)
-                reason = str(resp.status_code)
-                retry_after = parse_retry_after(resp.headers.get("retry-after"))
-                if retry_after is not None:
-                    delay = min(retry_after, 300.0)
-            if attempt == self.max_retries:
-                break
-            RETRIES.labels(reason).inc()
-            log.debug("retrying request", extra={"id": req.id, "attempt": attempt + 1, "error": last_error,
-                                                 "delay_s": round(delay, 3)})
-            await asyncio.sleep(delay)
-        return GenResult(id=req.id, error=f"failed after {self.max_retries + 1} attempts; last: {last_error}",
-                         attempts=self.max_retries + 1)
+                return _Retry(f"connection error: {type(exc).__name__}: {exc}", "connection")
+            if resp.status_code == 200:
+                return self._parse(req, resp, attempts)
+            error = f"HTTP {resp.status_code}: " + resp.text[:300].replace("\n", " ")
+            if resp.status_code != 429 and resp.status_code < 500:
+                return GenResult(id=req.id, error=error, attempts=attempts)
+            return _Retry(error, str(resp.status_code), parse_retry_after(resp.headers.get("retry-after")))
+
+        def pause(state: RetryCallState) -> float:  # what Retry-After asks (at most 300 s), else the backoff
+            retry_after = state.outcome.result().retry_after
+            return min(retry_after, 300.0) if retry_after is not None else self._backoff(state.attempt_number - 1)
+
+        def counted(state: RetryCallState) -> None:
+            retry = state.outcome.result()
+            RETRIES.labels(retry.reason).inc()
+            log.debug("retrying request", extra={"id": req.id, "attempt": state.attempt_number, "error": retry.error,
+                                                 "delay_s": round(state.next_action.sleep, 3)})
+
+        def failed(state: RetryCallState) -> GenResult:
+            return GenResult(id=req.id, error=f"failed after {attempts} attempts; last: {state.outcome.result().error}",
+                             attempts=attempts)
+
+        return await AsyncRetrying(stop=stop_after_attempt(self.max_retries + 1), wait=pause,
+                                   retry=retry_if_result(lambda r: isinstance(r, _Retry)), before_sleep=counted,
+                                   retry_error_callback=failed)(attempt)
 
     def _backoff(self, attempt: int) -> float:
         return min(self.backoff_max_s, self.backoff_base_s * 2 ** attempt) * (0.5 + random.random() / 2)

@@ -1,9 +1,16 @@
-"""The report's figures (PNG bytes): training loss, accuracy per block position, τ over training."""
+"""The report's figures (PNG bytes): training loss, accuracy per block position, τ over training. They are
+drawn with matplotlib, the ``plots`` extra; without it a report has no figures."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import logging
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+MISSING = "the report has no figures: matplotlib is not installed (pip install 'dflash-pipeline[plots]')"
 
 
 def _png(draw: Callable, *, xlabel: str, ylabel: str, title: str, grid: bool = True) -> bytes:
@@ -58,3 +65,17 @@ def plot_tau(points: list[dict], tau_ngram: float | None = None) -> bytes:
         ax.legend(fontsize=8)
 
     return _png(draw, xlabel="step", ylabel="tau (tokens per draft-verify step)", title="Acceptance length over training")
+
+
+def report_figures(history: list[dict], per_position_accuracy: list[float], taus: list[dict],
+                   tau_ngram: float | None = None) -> list[tuple[str, bytes]]:
+    """The report's figures as (file name, PNG bytes): the loss, the accuracy per block position and, with
+    τ points, τ over training; none, with a warning, where matplotlib is not installed."""
+    if importlib.util.find_spec("matplotlib") is None:
+        log.warning(MISSING)
+        return []
+    figures = [("loss_curve.png", plot_loss(history)),
+               ("position_accuracy.png", plot_position_accuracy(per_position_accuracy))]
+    if taus:
+        figures.append(("tau_curve.png", plot_tau(taus, tau_ngram)))
+    return figures

@@ -14,7 +14,8 @@ data-wait and communication shares; ``tau_curve``: τ over training steps; ``dra
 vocabulary: its size, the share of the training samples' trained target tokens it covers (``coverage``)
 and the required token ids), ``init_from``, for a run started from a stored drafter: its URI, layout and
 family (:mod:`.drafter.warm_start`), ``loss_curve.png``,
-``position_accuracy.png`` and, with an evaluation, ``tau_curve.png`` (:mod:`.plots`).
+``position_accuracy.png`` and, with an evaluation, ``tau_curve.png`` (:mod:`.plots`; with matplotlib
+installed).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .evaluate.prompts import eval_prompts
 from .evaluate.tau import tau_figures, tau_of
 from .export import speculators, zlab
 from .export.serving import local_path, serving_commands
-from .plots import plot_loss, plot_position_accuracy, plot_tau
+from .plots import report_figures
 from .settings import scratch_dir
 
 log = logging.getLogger(__name__)
@@ -149,12 +150,11 @@ def finish_run(setup, drafter, history: list[dict], summary: dict) -> dict:
         evaluation = {**evaluate_drafters(setup, drafter), **evaluate_heldout(setup, drafter)}
         report["evaluation"] = {**evaluation, **predictions(evaluation)}
     report["history"] = [{k: v for k, v in r.items() if k != "per_position_accuracy"} for r in history]
-    plots = [("loss_curve.png", plot_loss(history)),
-             ("position_accuracy.png", plot_position_accuracy(summary.get("per_position_accuracy", [])))]
     taus = tau_points(history, report.get("evaluation", {}))
     if taus:
         report["tau_curve"] = taus
-        plots.append(("tau_curve.png", plot_tau(taus, report["evaluation"].get("tau_ngram"))))
+    plots = report_figures(history, summary.get("per_position_accuracy", []), taus,
+                           report["evaluation"].get("tau_ngram") if taus else None)
     out.put_many([("report.json", json.dumps(report, indent=1).encode()), *plots])
     results = headline(summary, report.get("evaluation", {}))
     if setup.draft_vocab:

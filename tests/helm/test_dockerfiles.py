@@ -158,6 +158,19 @@ def test_images_take_torch_from_their_index(flavor, index):
     assert f"torch=={version}" in text, "the image must install the torch version pyproject pins"
 
 
+def test_images_install_the_extras_their_services_use_at_run_time():
+    """The trainer (in either image) draws its report's figures (the ``plots`` extra) and logs to MLflow
+    (``tracking``); the demo's extra (its private Redis) stays out of the images, as dfp_dev does."""
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^plots = \[\n  "matplotlib', pyproject, re.M)
+    for dockerfile in DOCKERFILES:
+        text = " ".join(rest for word, rest in instructions(dockerfile) if word == "RUN")
+        installed = re.findall(r'pip install [^&]*?"\.\[([a-z,]+)\]"', text)
+        assert installed and all({"tracking", "plots"} <= set(x.split(",")) for x in installed), (dockerfile.name,
+                                                                                                 installed)
+        assert not any("demo" in x.split(",") for x in installed), dockerfile.name
+
+
 def test_both_images_take_python_from_a_debian_python_base():
     """No download outside the package registries for Python: it comes from the base image, which
     docker/podman-build.sh replaces by a Debian base made with mmdebstrap."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import pytest
-from dfp_trainer.plots import plot_tau
+from dfp_trainer.plots import plot_tau, report_figures
 from dfp_trainer.report import headline, predictions, tau_points
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -56,3 +59,18 @@ def test_the_tau_curve_has_measured_and_predicted_points_and_draws_the_ngram_lin
     assert points[-1] == {"step": 5, "tau": evaluation["tau_trained"], "tau_predicted": evaluation["tau_predicted"]}
     assert plot_tau(points, evaluation["tau_ngram"])[:8] == PNG
     assert plot_tau([{"step": 0, "tau_predicted": 1.0}])[:8] == PNG
+
+
+def test_the_report_s_figures_and_none_without_matplotlib(monkeypatch, caplog):
+    """matplotlib is the ``plots`` extra: an installation without it trains and reports, without figures."""
+    history = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]
+    taus = [{"step": 0, "tau": 1.0}, {"step": 2, "tau": 1.5, "tau_predicted": 1.6}]
+    figures = report_figures(history, [0.5, 0.25], taus, 1.2)
+    assert [name for name, _ in figures] == ["loss_curve.png", "position_accuracy.png", "tau_curve.png"]
+    assert all(png[:8] == PNG for _, png in figures)
+    assert [name for name, _ in report_figures(history, [0.5], [])] == ["loss_curve.png", "position_accuracy.png"]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with caplog.at_level(logging.WARNING, logger="dfp_trainer.plots"):
+        assert report_figures(history, [0.5], taus) == []
+    assert "matplotlib is not installed (pip install 'dflash-pipeline[plots]')" in caplog.text
+

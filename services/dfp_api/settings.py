@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dfp_shared.config import SECRET, CommonSettings
+from dfp_shared.config import SECRET
+from dfp_shared.http_front_door import FrontDoorSettings
 from pydantic import Field, ValidationInfo, field_validator
 
 
-class ApiSettings(CommonSettings):
-    """The control plane's HTTP server, authentication, rate limits and event streams."""
+class ApiSettings(FrontDoorSettings):
+    """The control plane's HTTP server (its front door's limits: :class:`FrontDoorSettings`), authentication,
+    rate limits and event streams."""
 
     host: str = Field("0.0.0.0", description="Interface the HTTP server binds to.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port (the chart's Service targets 8000).")
@@ -34,16 +36,6 @@ class ApiSettings(CommonSettings):
         50, ge=0, description="Queued plus running jobs one API key may have; 0 = no limit. One more submit is a 429.")
     redis_max_connections: int = Field(
         256, ge=4, le=100_000, description="Redis connections of the request path (reads, rate limits), per process.")
-    max_header_bytes: int = Field(
-        64 * 1024, ge=1024, le=16 * 1024 * 1024,
-        description="Largest request head (request line and headers) accepted, in bytes; a larger one is a 431.")
-    max_headers: int = Field(100, ge=8, le=10_000, description="Most request headers accepted; more is a 431.")
-    head_timeout_s: float = Field(
-        5.0, gt=0, le=300, description="Seconds a connection may take to send a complete request head; then 408 "
-        "and the connection is closed.")
-    max_connections: int = Field(
-        2048, ge=16, le=1_000_000, description="Open connections per server process; one more is closed as it opens "
-        "(and a request past it while tasks are busy is a 503).")
     api_docs: bool = Field(
         False, description="Serve /docs and /redoc (their pages load scripts from a CDN; /openapi.json is always "
         "served).")

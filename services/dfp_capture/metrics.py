@@ -16,6 +16,9 @@ BYTES = Counter("dfp_capture_bytes_total", "Bytes passed through (proxied) and w
                 ["direction"])
 SHARDS = Counter("dfp_capture_shards_total", "Shard files written (written) and deleted by retention (expired).",
                  ["event"])
+REFUSALS = Counter("dfp_capture_refusals_total",
+                   "Connections and requests refused at the front door, by reason (request_head, "
+                   "request_head_timeout, connections).", ["reason"])
 
 
 def dropped(reason: str, count: int = 1) -> None:

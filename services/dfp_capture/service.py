@@ -6,9 +6,12 @@ import logging
 import re
 import socket
 
+import uvicorn
+from dfp_shared.http_front_door import front_door_protocol, uvicorn_options
 from dfp_shared.storage import ObjectStore, open_store
 from dfp_shared.storage_roots import StorageRoots
 
+from . import metrics
 from .settings import CaptureSettings
 from .writer import CaptureWriter, Redactor
 
@@ -42,13 +45,18 @@ def build_app(settings: CaptureSettings, store: ObjectStore | None = None):
     return create_app(settings, build_writer(settings, store))
 
 
-def serve(settings: CaptureSettings) -> None:
-    import uvicorn
+def server_config(settings: CaptureSettings, app) -> uvicorn.Config:
+    """uvicorn's configuration of the pass-through: behind the front door (head limits and timeout, keep-alive
+    timeout, connection cap) with the settings' limits, its refusals counted in ``dfp_capture_refusals_total``."""
+    return uvicorn.Config(app, host=settings.capture_host, port=settings.capture_port, lifespan="on",
+                          access_log=False,
+                          **uvicorn_options(settings, front_door_protocol(settings, metrics.REFUSALS)))
 
+
+def serve(settings: CaptureSettings) -> None:
     app = build_app(settings)
     log.info("capture pass-through listening", extra={
         "host": settings.capture_host, "port": settings.capture_port, "upstream": settings.capture_upstream,
         "enabled": settings.capture_enabled, "sample_rate": settings.capture_sample_rate,
         "prefix": settings.prefix()})
-    uvicorn.run(app, host=settings.capture_host, port=settings.capture_port, lifespan="on", log_config=None,
-                access_log=False, server_header=False, timeout_keep_alive=30, timeout_graceful_shutdown=10)
+    uvicorn.Server(server_config(settings, app)).run()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from dfp_shared.config import CommonSettings
+from dfp_shared.http_front_door import FrontDoorSettings
 from pydantic import Field, field_validator
 
 MAX_PATTERNS = 64
@@ -36,7 +36,10 @@ def parse_patterns(value: str) -> list[str]:
     return patterns
 
 
-class CaptureSettings(CommonSettings):
+class CaptureSettings(FrontDoorSettings):
+    """The pass-through's settings; its front door's limits (``DFLASH_MAX_HEADER_BYTES``, ``DFLASH_MAX_HEADERS``,
+    ``DFLASH_HEAD_TIMEOUT_S``, ``DFLASH_KEEP_ALIVE_TIMEOUT_S``, ``DFLASH_MAX_CONNECTIONS``) are the API's."""
+
     capture_upstream: str = Field(
         "http://127.0.0.1:8000", pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
         description="Base URL of the serving engine (vLLM, SGLang) the pass-through forwards to, without /v1.")

@@ -19,9 +19,9 @@ GEN = {"type": "generate", "spec": {"prompts": "s3://bucket/prompts/", "output":
 
 
 def _small_limits():
-    from dfp_api.headers import HeaderLimitedProtocol
+    from dfp_api.server import ApiFrontDoor
 
-    class Small(HeaderLimitedProtocol):
+    class Small(ApiFrontDoor):
         max_header_bytes = 4096
         max_headers = 20
 

@@ -13,9 +13,9 @@ from .conftest import served
 
 
 def _protocol(timeout_s: float):
-    from dfp_api.headers import HeaderLimitedProtocol
+    from dfp_api.server import ApiFrontDoor
 
-    class Quick(HeaderLimitedProtocol):
+    class Quick(ApiFrontDoor):
         head_timeout_s = timeout_s
 
     return Quick

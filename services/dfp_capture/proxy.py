@@ -24,7 +24,7 @@ from starlette.routing import Route
 from . import metrics
 from .assemble import CHAT, COMPLETIONS, EventReader, Exchange, Unusable, admit
 from .settings import CaptureSettings
-from .upstream import Reply, UpstreamBusy, UpstreamClient, UpstreamError
+from .upstream import Reply, UpstreamBusy, UpstreamClient, UpstreamError, UpstreamTimeout
 from .writer import Capture, CaptureWriter
 
 log = logging.getLogger(__name__)
@@ -210,6 +210,10 @@ async def forward(request: Request, route: str, kind: str | None = None) -> Resp
         metrics.REQUESTS.labels(route=route, outcome="upstream_busy").inc()
         return JSONResponse({"error": {"message": "every upstream connection is busy", "type": "upstream_busy"}},
                             503, headers={"retry-after": "1"})
+    except UpstreamTimeout as exc:  # sent once: a request the upstream may still be working on is not sent again
+        metrics.REQUESTS.labels(route=route, outcome="upstream_timeout").inc()
+        log.warning("upstream timed out", extra={"error": str(exc)})
+        return JSONResponse({"error": {"message": "upstream timed out", "type": "upstream_timeout"}}, 504)
     except UpstreamError as exc:
         metrics.REQUESTS.labels(route=route, outcome="upstream_error").inc()
         log.warning("upstream unreachable", extra={"error": str(exc)})

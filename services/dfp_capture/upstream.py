@@ -1,17 +1,23 @@
-"""A small HTTP/1.1 client for the one upstream: a pool of keep-alive connections, replies parsed by
-``httptools`` (uvicorn's parser) and their body handed on as the bytes arrive.
+"""A small HTTP/1.1 client for the one upstream: one connection a request, replies parsed by ``httptools``
+(uvicorn's parser) and their body handed on as the bytes arrive.
 
 The relay's cost is per chunk of every stream, so this client does as little as it can per chunk: the
-socket's bytes go through the C parser straight into the reply's buffer, with no per-read task, timeout
-context or pool scan. A reply's body is the upstream's bytes, de-chunked and never decoded (the request
-asks for ``Accept-Encoding: identity``). A reused keep-alive connection that the upstream had already
-closed is retried once on a fresh one, before any byte of a reply arrived.
+socket's bytes go through the C parser straight into the reply's buffer, with no per-read task or timeout
+context. A reply's body is the upstream's bytes, de-chunked and never decoded (the request asks for
+``Accept-Encoding: identity``).
+
+A connection carries one request and its reply, never another: the request says ``connection: close``, and
+the connection is closed once its reply is done with (after the upstream's own close, if that comes within
+``LINGER_S``, so the upstream's side keeps the closed connection's ``TIME_WAIT``). Whatever an upstream sends
+past a reply's end, sooner or later, can only reach the request it was sent on: on a kept-alive connection
+bytes sent after a reply's end cannot be told apart from the next request's reply once that request is
+written. So nothing is sent twice either: a request whose connection fails is not sent again.
 
 What an upstream can send is bounded: a reply's head (interim ``1xx`` heads included, which are skipped) up
-to ``MAX_HEAD_BYTES`` and ``MAX_HEADERS`` headers, arriving within the read timeout of its first byte;
-trailers up to ``MAX_TRAILER_BYTES`` (read, never kept); bytes after a reply's end close its connection.
-At most ``max_connections`` requests are in flight: one more waits up to the connect timeout for a slot,
-then is refused (:class:`UpstreamBusy`); the readiness probe has a slot of its own.
+to ``MAX_HEAD_BYTES`` and ``MAX_HEADERS`` headers, complete within the read timeout of its first head's first
+byte; trailers up to ``MAX_TRAILER_BYTES`` (read, never kept); bytes after a reply's end close its
+connection. At most ``max_connections`` requests are in flight: one more waits up to the connect timeout for a
+slot, then is refused (:class:`UpstreamBusy`); the readiness probe has a slot of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ PAUSE_BYTES = 256 * 1024  # a reply's unread bytes past which the upstream conne
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
 MAX_TRAILER_BYTES = 8 * 1024
+LINGER_S = 2.0  # how long a done connection waits for the upstream to close it before it is closed here
 
 
 class UpstreamError(Exception):
@@ -35,6 +42,10 @@ class UpstreamError(Exception):
 
 class UpstreamBusy(UpstreamError):
     """Every connection to the upstream stayed taken for the connect timeout."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The upstream was silent past the read timeout, or its reply head took longer."""
 
 
 class Reply:
@@ -55,12 +66,11 @@ class Reply:
         self.received = False
         self.done = False
         self.until_close = False
-        self.keep_alive = False
         self.error: Exception | None = None
         self.slots: asyncio.Semaphore | None = None  # the one the reply's slot is given back to
         self.interim = False
         self.head_read = 0  # bytes read while the head was not complete (interim heads included)
-        self.head_since: float | None = None
+        self.head_since: float | None = None  # the first byte of the first head: interim heads do not reset it
         self.head_bytes = self.trailer_bytes = 0
         self.seen = self.loop.time()
         self.timer = self.loop.call_later(read_timeout, self._check_silence)
@@ -87,20 +97,21 @@ class Reply:
         if 100 <= self.status < 200 and self.status != 101:  # an interim reply: the final one follows
             self.interim = True
             self.headers = []
-            self.head_since = None
             return
         names = {name.lower() for name, _ in self.headers}
-        # 204 and 304 replies never have a body (the parser ends them at their head); any other without a length
-        # or chunking runs to the connection's end
+        # 204 and 304 replies never have a body (the parser ends them at their head, and what follows is bytes after
+        # the reply's end); any other without a length or chunking runs to the connection's end
         self.until_close = (self.status not in (204, 304) and b"content-length" not in names
                             and b"transfer-encoding" not in names)
         if not self.head.done():
             self.head.set_result(None)
-        if self.bodyless:  # the parser would wait for the body the length announces: the connection is not reused
-            self.done, self.until_close = True, True
+        if self.bodyless:  # the reply to a HEAD: ends at its head, whatever length it announces
+            self.done = True
             self.timer.cancel()
 
     def on_body(self, body: bytes) -> None:
+        if self.done:  # a HEAD reply's body
+            raise UpstreamError("bytes after the reply's end")
         self.pending.append(body)
         self.buffered += len(body)
 
@@ -109,7 +120,6 @@ class Reply:
             self.interim = False
             return
         self.done = True
-        self.keep_alive = self.parser.should_keep_alive()  # read here: the parser forgets it afterwards
         self.timer.cancel()
 
     # fed by the connection
@@ -122,7 +132,7 @@ class Reply:
                 self.head_since = self.seen
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:  # past the reply's end, the connection is only not reused
+        except httptools.HttpParserError as exc:  # past the reply's end, the reply stands and the bytes go unread
             cause = exc.__context__
             self.fail(cause if isinstance(cause, UpstreamError) else UpstreamError(f"unreadable reply: {exc}"))
             self.conn.close()
@@ -170,7 +180,7 @@ class Reply:
             self.timer = self.loop.call_later(left, self._check_silence)
             return
         what = "the reply head took longer than" if slow_head else "the upstream was silent for"
-        self.fail(UpstreamError(f"{what} {self.read_timeout:g} s"))
+        self.fail(UpstreamTimeout(f"{what} {self.read_timeout:g} s"))
         self.conn.close()
 
     async def body(self):
@@ -203,21 +213,25 @@ class Reply:
 
 
 class Connection(asyncio.Protocol):
+    """One connection, one request: bytes that arrive with no reply reading, or past its reply's end, close it."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.reply: Reply | None = None
         self.closed = False
         self.paused = False
+        self.on_close = None  # called once the connection is closed, whoever closed it
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        if self.reply is None:  # bytes nobody asked for: the connection cannot be trusted any more
+        reply = self.reply
+        if reply is None or reply.done:  # bytes nobody asked for: they go unread, with the connection
             self.close()
             return
-        self.reply.feed(data)
+        reply.feed(data)
 
     def eof_received(self):
         return False
@@ -226,6 +240,7 @@ class Connection(asyncio.Protocol):
         self.closed = True
         if self.reply is not None:
             self.reply.lost(exc)
+        self._closed()
 
     def pause(self) -> None:
         if not self.paused and not self.closed:
@@ -241,11 +256,17 @@ class Connection(asyncio.Protocol):
         if not self.closed:
             self.closed = True
             self.transport.abort()
+            self._closed()
+
+    def _closed(self) -> None:
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close()
 
 
 class UpstreamClient:
     """Requests to one base URL (``http://`` or ``https://``, with an optional path prefix), at most
-    ``max_connections`` at once, idle connections kept for reuse."""
+    ``max_connections`` at once, each on a connection of its own."""
 
     def __init__(self, base_url: str, *, max_connections: int, connect_timeout: float, read_timeout: float):
         url = urlsplit(base_url)
@@ -260,7 +281,7 @@ class UpstreamClient:
         self.ssl = ssl.create_default_context() if self.tls else None
         self.slots = asyncio.Semaphore(max_connections)
         self.probe_slots = asyncio.Semaphore(1)  # the readiness probe's own, never behind the requests
-        self.idle: deque[Connection] = deque()
+        self.closing: set[Connection] = set()  # done connections waiting for the upstream to close them
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
@@ -274,7 +295,7 @@ class UpstreamClient:
 
     def _head(self, method: str, target: bytes, headers, body: bytes | None) -> bytes:
         lines = [method.encode("ascii"), b" ", self.prefix.encode("latin-1"), target, b" HTTP/1.1\r\nhost: ",
-                 self.host_header, b"\r\n"]
+                 self.host_header, b"\r\nconnection: close\r\n"]
         for name, value in headers:
             lines += [name, b": ", value, b"\r\n"]
         if body is not None:
@@ -295,30 +316,21 @@ class UpstreamClient:
 
     async def request(self, method: str, target: bytes, headers, body: bytes | None = None,
                       probe: bool = False) -> Reply:
-        """Send a request (``headers``: byte pairs, without host and content-length) and wait for the reply's
-        head; :meth:`release` the reply once done with it. ``probe``: on the readiness probe's own slot."""
+        """Send a request (``headers``: byte pairs, without host, connection and content-length) on a connection
+        of its own and wait for the reply's head; :meth:`release` the reply once done with it. Sent once: a
+        failure after the connection was made is the caller's (:class:`UpstreamTimeout` for a silent upstream).
+        ``probe``: on the readiness probe's own slot."""
         slots = self.probe_slots if probe else self.slots
         await self._acquire(slots)
         conn = None
         try:
             data = self._head(method, target, headers, body)
-            for _ in range(2):
-                conn, reused = None, False
-                while self.idle and conn is None:
-                    candidate = self.idle.pop()
-                    conn, reused = (None, False) if candidate.closed else (candidate, True)
-                conn = conn or await self._connect()
-                reply = conn.reply = Reply(conn, self.read_timeout, bodyless=method == "HEAD")
-                reply.slots = slots
-                conn.transport.write(data)
-                try:
-                    await reply.head
-                    return reply
-                except UpstreamError:
-                    if not (reused and not reply.received):
-                        raise
-                    conn.close()
-            raise UpstreamError("the upstream closed every connection offered")
+            conn = await self._connect()
+            reply = conn.reply = Reply(conn, self.read_timeout, bodyless=method == "HEAD")
+            reply.slots = slots
+            conn.transport.write(data)
+            await reply.head
+            return reply
         except BaseException:
             if conn is not None:
                 if conn.reply is not None:
@@ -328,13 +340,16 @@ class UpstreamClient:
             raise
 
     def release(self, reply: Reply) -> None:
-        """The reply is done with: its connection goes back to the pool when it can carry another request."""
+        """The reply is done with: its connection is closed (a whole reply's once the upstream closed it, or
+        ``LINGER_S`` later)."""
         conn = reply.conn
         reply.timer.cancel()
         conn.reply = None
-        if reply.done and reply.keep_alive and not reply.until_close and not conn.closed:
+        if reply.done and reply.error is None and not conn.closed:
             conn.resume()
-            self.idle.append(conn)
+            self.closing.add(conn)
+            timer = conn.loop.call_later(LINGER_S, conn.close)
+            conn.on_close = lambda: (timer.cancel(), self.closing.discard(conn))
         else:
             conn.close()
         reply.slots.release()
@@ -351,8 +366,8 @@ class UpstreamClient:
         try:
             return await asyncio.wait_for(whole(), timeout)
         except asyncio.TimeoutError:
-            raise UpstreamError(f"no reply within {timeout:g} s") from None
+            raise UpstreamTimeout(f"no reply within {timeout:g} s") from None
 
     def close(self) -> None:
-        while self.idle:
-            self.idle.pop().close()
+        for conn in list(self.closing):
+            conn.close()

@@ -11,7 +11,9 @@
 * :mod:`.objective` - the training objective (anchors, block targets, the loss and its metrics);
 * :mod:`.batch` - the :class:`~.batch.Batch` the model, the objective, the training loop and the evaluations
   speak (collated from the token dataset by :mod:`dfp_trainer.components.data.collate`);
-* :mod:`.load` - an exported drafter loaded back; :mod:`.wrappers` - the drafter inside DDP / compile.
+* :mod:`.load` - an exported drafter loaded back; :mod:`.wrappers` - the drafter inside DDP / compile;
+* :mod:`.stored` - a stored drafter's ``config.json`` read for every loader (export loading, ``init_from``),
+  bounded by :mod:`.bounds` on the file's dict before anything is built from it.
 
 * :mod:`.family` - the family registry (:class:`~.family.DrafterFamily`: one spec per family);
   :mod:`.families` - the families, one folder each: ``dflash`` (the backbone itself), ``dspark`` (plus a

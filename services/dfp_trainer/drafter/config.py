@@ -7,16 +7,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, get_args
+from typing import Any
 
-from dfp_shared.specs.train import MAX_BLOCK_SIZE, MAX_LAYERS, LayerType
 from transformers import Qwen3Config
 
 from .attention import FULL, SLIDING
-from .bounds import check_shape
+from .bounds import (
+    DEFAULT_POSITIONS,
+    check_config_dict,
+    check_counts,
+    check_layer_list,
+    check_layer_types,
+    check_shape,
+    check_target_layer_ids,
+)
 from .family import FAMILIES, family, family_of_architectures, family_of_fields
 
-LAYER_TYPES = get_args(LayerType)
 ARCHITECTURE = "DFlashDraftModel"
 # rope keys of targets whose attention a Qwen3 layer does not have (partial rotary, multimodal sections)
 _NOT_QWEN3_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
@@ -61,6 +67,7 @@ class DrafterConfig:
     family: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_sizes()  # before anything is built from them: a layer list, a RoPE config
         if not self.layer_types:
             self.layer_types = [FULL] * self.num_hidden_layers
         self.layer_types = list(self.layer_types)
@@ -72,22 +79,21 @@ class DrafterConfig:
             self.family = family_of_fields(self)
         self.validate()
 
+    def _check_sizes(self) -> None:
+        """The fields that size something within a train spec's bounds (:mod:`.bounds`), the per-layer lists'
+        lengths included, checked before a list is built or copied from them."""
+        check_shape(self)
+        check_counts(self.num_hidden_layers, self.block_size)
+        check_layer_list("layer_types", self.layer_types)
+        check_layer_list("target_layer_ids", self.target_layer_ids)
+
     def validate(self) -> None:
         # a config read from storage asks for no more than a train spec could
-        check_shape(self)
-        if not 1 <= self.num_hidden_layers <= MAX_LAYERS:
-            raise ValueError(f"num_hidden_layers must be 1..{MAX_LAYERS}, got {self.num_hidden_layers}")
-        if not 2 <= self.block_size <= MAX_BLOCK_SIZE:
-            raise ValueError(f"block_size must be 2..{MAX_BLOCK_SIZE} (anchor + at least one draft), got {self.block_size}")
+        self._check_sizes()
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")
-        if not self.target_layer_ids:
-            raise ValueError("target_layer_ids is empty: the drafter needs at least one target layer")
-        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
-        if bad:
-            raise ValueError(f"target_layer_ids {bad} do not exist in a target with {self.num_target_layers} "
-                             f"layers (valid ids: 0..{self.num_target_layers - 1})")
+        check_target_layer_ids(self.target_layer_ids, self.num_target_layers)
         if self.mask_token_id is None or not 0 <= int(self.mask_token_id) < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is not a token of the target's vocabulary "
                              f"(size {self.vocab_size}); add the mask token to the target's tokenizer")
@@ -95,11 +101,7 @@ class DrafterConfig:
             raise ValueError(f"draft_vocab_size {self.draft_vocab_size} asks for more rows than the target's "
                              f"vocabulary has ({self.vocab_size}); ask for at most {self.vocab_size}")
         self._validate_family()
-        if len(self.layer_types) != self.num_hidden_layers:
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
-        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
-        if unknown:
-            raise ValueError(f"unknown layer_types {unknown}; expected one of {list(LAYER_TYPES)}")
+        check_layer_types(self.layer_types, self.num_hidden_layers)
         if SLIDING in self.layer_types and not (self.sliding_window and self.sliding_window > 0):
             raise ValueError(f"{SLIDING} layers need a positive sliding_window")
         if float(self.rope_parameters["rope_theta"]) != float(self.rope_theta):
@@ -180,7 +182,10 @@ class DrafterConfig:
 
     @classmethod
     def from_config_dict(cls, data: Mapping[str, Any], source: str = "config.json") -> DrafterConfig:
-        """The inverse of :meth:`to_config_dict`: a drafter's config from its ``config.json`` dict."""
+        """The inverse of :meth:`to_config_dict`: a drafter's config from its ``config.json`` dict, whose sizing
+        fields are bounded first, on the dict itself (:func:`~.bounds.check_config_dict`), before anything is read
+        from them. A stored drafter's file is read by :func:`~.stored.read_drafter_config`."""
+        check_config_dict(data, source)
         own = family_of_architectures(data.get("architectures") or [], source)
         dflash = data.get("dflash_config") or {}
         own_fields = own.read_config(data, dflash, source)
@@ -259,7 +264,7 @@ def _shape_fields(cfg: _ConfigView) -> dict[str, Any]:
                 num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
                 head_dim=int(cfg.get("head_dim", hidden // heads)), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 rope_theta=theta, rope_parameters={**rope, "rope_theta": theta},
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", DEFAULT_POSITIONS)),
                 vocab_size=int(cfg.get("vocab_size")))
 
 

@@ -31,6 +31,9 @@ class DrafterFamily:
     validate: Callable[[DrafterConfig], None] = _nothing
     # config.json fields beyond DFlash's: (top-level fields, written after dflash_config; dflash_config fields)
     config_json: Callable[[DrafterConfig], tuple[dict, dict]] = lambda config: ({}, {})
+    # the family's own config.json fields bounded on the raw file before anything is read from them (see
+    # :func:`~.bounds.check_config_dict`): (field, low, high), a field of dflash_config named ``dflash_config.<name>``
+    config_bounds: tuple[tuple[str, int, int], ...] = ()
     # DrafterConfig fields of this family read back from config.json (data, its dflash_config, source); ValueError
     read_config: Callable[[Mapping[str, Any], Mapping[str, Any], str], dict] = _nothing
     # DFlash's reference route: the export ships modeling_dflash.py with auto_map (transformers' AutoModel), SGLang

@@ -10,10 +10,9 @@ import torch
 from torch import nn
 
 from .bounds import check_fits_target, check_weights_header
-from .config import DrafterConfig
-from .config_json import read_config_json
 from .families import build_drafter
 from .model import DFlashDrafter
+from .stored import read_drafter_config
 
 MISSING = "missing from the exported drafter"
 
@@ -21,16 +20,16 @@ MISSING = "missing from the exported drafter"
 def load_exported(out_dir: str | os.PathLike, embed_tokens: nn.Embedding, lm_head: nn.Linear,
                   device: str | torch.device | None = None, target_config=None) -> DFlashDrafter:
     """Load an exported drafter over the target's embedding and LM head; tensor names must match exactly.
-    Its config is bounded (:mod:`.bounds`; against ``target_config`` too, when given) before the drafter is
-    built, and the weights' names and shapes are checked from their header before they are read."""
+    Its config is read by :func:`~.stored.read_drafter_config`, which bounds it (:mod:`.bounds`) before anything
+    is built from it, and held to ``target_config`` too, when given, before the drafter is built; the weights'
+    names and shapes are checked from their header before they are read."""
     from safetensors.torch import load_file
 
     out = Path(out_dir)
     cfg_path, weights = out / "config.json", out / "model.safetensors"
-    data = read_config_json(cfg_path, MISSING)
+    config, _layout = read_drafter_config(out, MISSING)
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: {MISSING}")
-    config = DrafterConfig.from_config_dict(data, str(cfg_path))
     try:
         if target_config is not None:
             check_fits_target(config, target_config)

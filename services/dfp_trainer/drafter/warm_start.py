@@ -5,11 +5,11 @@ published, in the z-lab layout (``config.json`` with ``dflash_config``) or vLLM 
 The run's drafter is built from its spec first; the stored drafter must then be that very drafter:
 
 - **config**: read from either layout (a speculators file's ``aux_hidden_state_layer_ids`` are the target layer
-  ids plus one) into a :class:`~.config.DrafterConfig`, which bounds every sizing field before anything is
-  built; then every field is compared with the run's: family, hidden size, vocabulary, target layer count,
-  widths and heads, draft layers, target layer ids, mask token id, block size, layer types and window, the
-  pruned vocabulary's size, RoPE and the family's own fields. A difference is refused naming the field, the
-  file's value and the run's.
+  ids plus one) into a :class:`~.config.DrafterConfig` by :func:`~.stored.read_drafter_config`, which bounds
+  every sizing field on the file's dict before anything is built from it; then every field is compared with
+  the run's: family, hidden size, vocabulary, target layer count, widths and heads, draft layers, target layer
+  ids, mask token id, block size, layer types and window, the pruned vocabulary's size, RoPE and the family's
+  own fields. A difference is refused naming the field, the file's value and the run's.
 - **weights**: ``model.safetensors`` only (no pickle, no code: ``auto_map`` and modeling files are never read).
   Its tensor names and shapes are checked from the header before a byte is loaded: every trainable tensor of
   the run's drafter must be there with its shape, nothing else but the frozen ones. Frozen tensors (a pruned
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .config import DrafterConfig
-from .config_json import read_config_json
+from .stored import SPECULATORS, ZLAB, read_drafter_config
 
 MISSING = "missing from the drafter to start from"
 # compared first, so that a drafter of another family or another target is refused by what differs most
@@ -39,7 +39,6 @@ FIRST = ("family", "hidden_size", "vocab_size", "num_target_layers")
 NOT_COMPARED = ("max_position_embeddings",)  # the run's own target decides how far positions go
 # tensors a stored drafter may carry that are the target's (never trained): equal to the target's when present
 TARGET_TENSORS = ("embed_tokens.weight", "lm_head.weight", "t2d")
-ZLAB, SPECULATORS = "zlab", "speculators"
 
 
 @dataclass
@@ -57,41 +56,10 @@ class WarmStart:
 
 
 def read_stored_config(directory: str | os.PathLike, num_target_layers: int) -> tuple[DrafterConfig, str]:
-    """The stored drafter's config and its layout; ValueError (naming the file and the field) when it is none.
-    ``num_target_layers``: the run's, for a speculators file that does not state it."""
-    path = Path(directory) / "config.json"
-    data = read_config_json(path, MISSING)
-    if "speculators_model_type" in data:
-        return DrafterConfig.from_config_dict(_zlab_fields(data, str(path), num_target_layers), str(path)), SPECULATORS
-    if "auto_map" in data and not data.get("dflash_config"):
-        raise ValueError(f"{path}: a config that names model code but no dflash_config: not a drafter this run can "
-                         "start from (no code is run)")
-    return DrafterConfig.from_config_dict(data, str(path)), ZLAB
-
-
-def _zlab_fields(data: dict[str, Any], source: str, num_target_layers: int) -> dict[str, Any]:
-    """A speculators ``config.json`` as the z-lab fields :meth:`DrafterConfig.from_config_dict` reads."""
-    if data.get("speculators_model_type") != "dflash":
-        raise ValueError(f"{source}: speculators_model_type {data.get('speculators_model_type')!r} is not a DFlash "
-                         "drafter (expected 'dflash')")
-    layers = data.get("transformer_layer_config")
-    if not isinstance(layers, dict):
-        raise ValueError(f"{source}: field transformer_layer_config missing (the draft layers' config)")
-    aux = data.get("aux_hidden_state_layer_ids")
-    if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and not isinstance(i, bool) for i in aux):
-        raise ValueError(f"{source}: field aux_hidden_state_layer_ids missing or not a list of layer ids")
-    for name in ("mask_token_id", "block_size"):
-        if not isinstance(data.get(name), int) or isinstance(data.get(name), bool):
-            raise ValueError(f"{source}: field {name} missing or not an integer")
-    vocab = layers.get("vocab_size")
-    draft_vocab = data.get("draft_vocab_size")
-    return {**{k: v for k, v in layers.items() if k not in ("architectures", "auto_map", "dflash_config")},
-            "architectures": list(data.get("architectures") or ["DFlashDraftModel"]),
-            "num_target_layers": data.get("num_target_layers") or num_target_layers,
-            "block_size": data["block_size"],
-            "draft_vocab_size": None if draft_vocab in (None, vocab) else draft_vocab,
-            "dflash_config": {"mask_token_id": data["mask_token_id"], "block_size": data["block_size"],
-                              "target_layer_ids": [i - 1 for i in aux]}}
+    """The stored drafter's config and its layout (:func:`~.stored.read_drafter_config`, either layout);
+    ValueError (naming the file and the field) when it is none. ``num_target_layers``: the run's, for a
+    speculators file that does not state it."""
+    return read_drafter_config(directory, MISSING, (ZLAB, SPECULATORS), num_target_layers)
 
 
 def check_same_drafter(stored: DrafterConfig, run: DrafterConfig, source: str) -> None:

@@ -4,7 +4,13 @@ its fields in ``dflash_config``; the target's whole vocabulary)."""
 
 from __future__ import annotations
 
-from dfp_shared.specs.train import DFLASH2_FIELDS, MAX_CONV_GROUP, MAX_SELECTOR_RANK, MAX_SELECTOR_TOP_K
+from dfp_shared.specs.train import (
+    DFLASH2_FIELDS,
+    MAX_BLOCK_SIZE,
+    MAX_CONV_GROUP,
+    MAX_SELECTOR_RANK,
+    MAX_SELECTOR_TOP_K,
+)
 
 from ...family import DrafterFamily
 from .model import DFlash2Drafter
@@ -12,6 +18,11 @@ from .model import DFlash2Drafter
 ARCHITECTURE = "DFlash2DraftModel"  # vLLM's DFlash2Qwen3ForCausalLM (served as method ``dflash``)
 # dflash_config keys vLLM's DFlash2 reads with a default; the project drafts at these values only
 FIXED = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
+# the fields' train spec bounds, checked on a config.json before they are read (a kernel at most a block's tokens)
+BOUNDS = (("dflash_config.conv_kernel_size", 1, MAX_BLOCK_SIZE),
+          ("dflash_config.conv_group_size", 1, MAX_CONV_GROUP),
+          ("dflash_config.selector_rank", 1, MAX_SELECTOR_RANK),
+          ("dflash_config.selector_top_k", 1, MAX_SELECTOR_TOP_K))
 
 
 def _validate(config) -> None:
@@ -51,5 +62,5 @@ def _read_config(data, dflash, source: str) -> dict:
 
 
 FAMILY = DrafterFamily(name="dflash2", module=DFlash2Drafter, architecture=ARCHITECTURE, serving_method="dflash",
-                       config_fields=DFLASH2_FIELDS, validate=_validate, config_json=_config_json,
-                       read_config=_read_config)
+                       config_fields=DFLASH2_FIELDS, validate=_validate, config_bounds=BOUNDS,
+                       config_json=_config_json, read_config=_read_config)

@@ -40,4 +40,5 @@ def _read_config(data, dflash, source: str) -> dict:
 
 FAMILY = DrafterFamily(name="dspark", module=DSparkDrafter, architecture=ARCHITECTURE, serving_method="dspark",
                        config_fields=("markov_rank", "confidence_head"), validate=_validate,
-                       config_json=_config_json, read_config=_read_config)
+                       config_bounds=(("markov_rank", 1, MAX_MARKOV_RANK),), config_json=_config_json,
+                       read_config=_read_config)

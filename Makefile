@@ -1,6 +1,6 @@
 # Two commands on a fresh machine with Python 3.10+:
 #   make demo   - the whole pipeline end to end on the CPU with a small model
-#   make test   - lint and the full test suite (starts the servers it needs)
+#   make test   - lint and the full test suite (starts the servers it needs; the install from nothing: make test-fresh-install)
 # Both create .venv and install the project into it first (no root needed).
 
 PYTHON ?= python3
@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint install protos bench gpu-check gpu-check-image serve-check images images-cuda images-check images-check-cuda clean
+.PHONY: demo test test-fresh-install lint install protos bench gpu-check gpu-check-image serve-check images images-cuda images-check images-check-cuda clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,12 @@ lint: $(STAMP)
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
 test: lint
-	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_JOBS) --dist loadfile tests
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_JOBS) --dist loadfile -m "not fresh_install" tests
+
+# the tests that install the project from nothing (`make demo` in a new virtual environment, about 12 minutes);
+# CI runs them after `make test`
+test-fresh-install: $(STAMP)
+	$(BIN)/python -m pytest -q --durations=5 -p no:xdist -m fresh_install tests
 
 protos: $(STAMP)
 	$(BIN)/python -m dfp_dev.protogen

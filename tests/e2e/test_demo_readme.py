@@ -28,6 +28,7 @@ def copy_checkout(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
+@pytest.mark.fresh_install
 @pytest.mark.timeout(1800)
 def test_make_demo_in_a_new_virtual_environment(tmp_path):
     repo = tmp_path / "dflash-pipeline"

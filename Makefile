@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fresh-install lint install protos bench gpu-check gpu-check-image serve-check images images-cuda images-check images-check-cuda clean
+.PHONY: demo docs test test-fresh-install lint install protos bench gpu-check gpu-check-image serve-check images images-cuda images-check images-check-cuda clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ test: lint
 # CI runs them after `make test`
 test-fresh-install: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=5 -p no:xdist -m fresh_install tests
+
+# the docs site (mkdocs-material) into site/; strict: a broken link, page or anchor fails it
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 protos: $(STAMP)
 	$(BIN)/python -m dfp_dev.protogen

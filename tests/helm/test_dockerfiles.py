@@ -208,9 +208,9 @@ def test_chart_defaults_are_what_make_images_tags():
                     assert c["imagePullPolicy"] == "IfNotPresent"
                     seen.add(flavor)
     assert seen == {"cpu", "cuda"}
-    readme = (REPO_ROOT / "README.md").read_text()
-    for flavor in ("cpu", "cuda"):  # the README's build lines tag what the chart pulls
-        assert f"-t {repo}/dflash-pipeline-{flavor}:{version}" in readme, flavor
+    page = (REPO_ROOT / "docs" / "kubernetes.md").read_text()
+    for flavor in ("cpu", "cuda"):  # the docs' build lines tag what the chart pulls
+        assert f"-t {repo}/dflash-pipeline-{flavor}:{version}" in page, flavor
 
 
 def test_chart_uses_the_image_flavours():
@@ -226,14 +226,14 @@ def test_chart_uses_the_image_flavours():
         assert str(tmpl["securityContext"]["runAsUser"]) == uid
 
 
-def test_the_readme_runs_the_gpu_check_from_the_cuda_image_as_the_chart_runs_it():
-    """The README's GPU-check pod is a valid Pod (strict schema) that asks for a GPU and runs the mounted
+def test_the_docs_run_the_gpu_check_from_the_cuda_image_as_the_chart_runs_it():
+    """The GPU-check page's pod is a valid Pod (strict schema) that asks for a GPU and runs the mounted
     check from the CUDA image as the chart runs its containers; its podman line is the Makefile's."""
     import kubernetes_validate
 
     from tests.helm.test_render import KUBE_VERSION
 
-    readme = (REPO_ROOT / "README.md").read_text()
+    readme = (REPO_ROOT / "docs" / "gpu-check.md").read_text()
     spec = json.loads(re.search(r"--overrides='(\{.*?\})'\n", readme, re.S).group(1))["spec"]
     kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu-check"}, "spec": spec},
                                  KUBE_VERSION, strict=True)

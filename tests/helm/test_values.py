@@ -174,10 +174,9 @@ def test_generated_api_key_is_accepted_by_the_api():
 
 
 
-def test_readme_values_reference_lists_every_value():
-    """The README's values reference names every value of values.yaml with its current default."""
-    readme = (CHART_DIR.parents[1] / "README.md").read_text()
-    section = readme.split("### Values reference", 1)[1]
+def test_docs_values_reference_lists_every_value():
+    """The docs' values reference names every value of values.yaml with its current default."""
+    section = (CHART_DIR.parents[1] / "docs" / "chart-values.md").read_text()
     rows = dict(re.findall(r"^\| `([^`]+)` \| `(.*?)` \|", section, flags=re.M))
     values = yaml.safe_load(VALUES.read_text())
     for path in _leaf_paths(values):

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Annotated
 
 import redis
-from dfp_shared.jobs import JobNotFound, JobRecord
+from dfp_shared.jobs.store import JobNotFound, JobRecord
 from fastapi import Depends, Path, Request
 from fastapi.exceptions import RequestValidationError
 

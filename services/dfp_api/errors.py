@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import re
 
-from dfp_shared.job_types import JOB_TYPES
-from dfp_shared.jobs import IllegalTransition, JobNotFound
+from dfp_shared.jobs.store import IllegalTransition, JobNotFound
+from dfp_shared.jobs.types import JOB_TYPES
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse

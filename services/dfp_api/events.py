@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from dfp_shared.job_types import PIPELINE
-from dfp_shared.jobs import JobNotFound, JobRecord
+from dfp_shared.jobs.store import JobNotFound, JobRecord
+from dfp_shared.jobs.types import PIPELINE
 from dfp_shared.specs import PipelineSpec
 from fastapi.sse import ServerSentEvent
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import anyio
 import redis
 import redis.asyncio as aioredis
-from dfp_shared.jobs import JobState, JobStore
+from dfp_shared.jobs.store import JobState, JobStore
 from prometheus_client import Counter
 
 REFUSALS = Counter("dfp_api_refusals_total", "Requests refused by a per-key or per-server limit", ["reason"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterable
 from typing import Annotated
 
-from dfp_shared.job_types import PIPELINE
-from dfp_shared.jobs import METRICS_PAGE_MAX, JobRecord, JobState
+from dfp_shared.jobs.store import METRICS_PAGE_MAX, JobRecord, JobState
+from dfp_shared.jobs.types import PIPELINE
 from dfp_shared.metrics import metrics_payload
 from dfp_shared.specs.train import MAX_STEPS
 from fastapi import APIRouter, Header, Query, Request, Response

@@ -13,8 +13,8 @@ from functools import reduce
 from operator import or_
 from typing import Annotated, Any, Literal
 
-from dfp_shared.job_types import JOB_TYPES, PIPELINE, TOKENIZE, TRAIN, fed_fields
-from dfp_shared.jobs import JobState
+from dfp_shared.jobs.store import JobState
+from dfp_shared.jobs.types import JOB_TYPES, PIPELINE, TOKENIZE, TRAIN, fed_fields
 from dfp_shared.specs import GenerateSpec
 from dfp_shared.specs.pipeline import ANSWERS_INPUT_MISSING
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
@@ -81,7 +81,7 @@ def _job_request(name: str, job_type: str, spec: type[BaseModel]) -> type[BaseMo
 
 # the request body's spec of each job type: its spec model, but a pipeline's (stages validated as wired)
 _REQUEST_SPECS: dict[str, type[BaseModel]] = {PIPELINE.name: PipelineRequestSpec}
-# one request model per job type of dfp_shared.job_types, in its order: ``<Spec name without Spec>JobRequest``
+# one request model per job type of dfp_shared.jobs.types, in its order: ``<Spec name without Spec>JobRequest``
 JOB_REQUESTS: dict[str, type[BaseModel]] = {
     name: _job_request(t.spec.__name__.removesuffix("Spec") + "Job", name, _REQUEST_SPECS.get(name, t.spec))
     for name, t in JOB_TYPES.items()}

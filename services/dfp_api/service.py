@@ -1,7 +1,7 @@
 """Job operations behind the routes: submit for a caller (with idempotency), list, cancel (cascading).
 
-These call the shared sync job code (:mod:`dfp_shared.submit`, :mod:`dfp_shared.job_flow`,
-:class:`~dfp_shared.jobs.JobStore`)
+These call the shared sync job code (:mod:`dfp_shared.jobs.submit`, :mod:`dfp_shared.jobs.flow`,
+:class:`~dfp_shared.jobs.store.JobStore`)
 and run in a worker thread of the API.
 """
 
@@ -10,12 +10,19 @@ from __future__ import annotations
 import logging
 
 import redis
-from dfp_shared.job_flow import advance_pipeline
-from dfp_shared.job_types import PIPELINE
-from dfp_shared.jobs import IDEMPOTENCY_PREFIX, IllegalTransition, JobNotFound, JobRecord, JobState, JobStore
+from dfp_shared.jobs.flow import advance_pipeline
+from dfp_shared.jobs.store import (
+    IDEMPOTENCY_PREFIX,
+    IllegalTransition,
+    JobNotFound,
+    JobRecord,
+    JobState,
+    JobStore,
+)
+from dfp_shared.jobs.submit import queue_job, validate_spec, with_default_outputs
+from dfp_shared.jobs.types import PIPELINE
 from dfp_shared.specs import PipelineSpec
-from dfp_shared.storage_roots import OutsideRoots, StorageRoots
-from dfp_shared.submit import queue_job, validate_spec, with_default_outputs
+from dfp_shared.storage.roots import OutsideRoots, StorageRoots
 from fastapi.exceptions import RequestValidationError
 
 from .quotas import check_active_jobs, count_job, jobs_lock

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import redis
 import redis.asyncio as aioredis
-from dfp_shared.redis_conn import connect
-from dfp_shared.storage_roots import StorageRoots
+from dfp_shared.jobs.redis_conn import connect
+from dfp_shared.storage.roots import StorageRoots
 
 from .auth import KeySet
 from .quotas import StreamSlots

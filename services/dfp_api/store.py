@@ -1,7 +1,7 @@
 """Async reads of job records and event streams for the request path.
 
-Writes (submit, cancel) go through the shared sync :class:`~dfp_shared.jobs.JobStore` and
-:mod:`dfp_shared.submit` in a thread; the hot reads (``GET /v1/jobs/{id}``, event streams, rate
+Writes (submit, cancel) go through the shared sync :class:`~dfp_shared.jobs.store.JobStore` and
+:mod:`dfp_shared.jobs.submit` in a thread; the hot reads (``GET /v1/jobs/{id}``, event streams, rate
 limits) use ``redis.asyncio`` so they never block the event loop. The commands' keys and arguments
 and the decoding of their replies come from ``JobStore``, so the key layout lives in one place.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 import redis.asyncio as aioredis
-from dfp_shared.jobs import READ_RECORDS, JobNotFound, JobRecord, JobStore
+from dfp_shared.jobs.store import READ_RECORDS, JobNotFound, JobRecord, JobStore
 
 
 class AsyncJobReader:

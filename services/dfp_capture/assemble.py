@@ -3,7 +3,7 @@ from a JSON body or from its server-sent events, choice by choice.
 
 Nothing here touches the network or storage: the proxy keeps the reply's bytes as they pass through, the
 writer reads them into the exchange (:func:`settle`) and :func:`completion_records` turns the exchange into
-completion records (``dfp_shared.completions``).
+completion records (``dfp_shared.records.completions``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from dfp_shared.completions import completion_record
+from dfp_shared.records.completions import completion_record
 
 CHAT, COMPLETIONS = "chat", "completions"
 # the request fields kept as the record's sampling parameters (scalars, bounded strings)

@@ -18,7 +18,7 @@ def group():
 def serve(settings: CaptureSettings):
     """Forward /v1/chat/completions, /v1/completions, /v1/models and /health to the upstream (also
     /healthz /readyz /metrics) and write the opted-in exchanges under the capture prefix."""
-    from dfp_shared.storage_uris import OutsideRoots
+    from dfp_shared.storage.uris import OutsideRoots
 
     from .service import serve as run_server
 

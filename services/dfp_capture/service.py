@@ -8,8 +8,8 @@ import socket
 
 import uvicorn
 from dfp_shared.http_front_door import front_door_protocol, uvicorn_options
-from dfp_shared.storage import ObjectStore, open_store
-from dfp_shared.storage_roots import StorageRoots
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import ObjectStore, open_store
 
 from . import metrics
 from .settings import CaptureSettings

@@ -3,8 +3,8 @@ that reads the kept replies into their exchanges, redacts, encodes and writes th
 a worker thread), and the retention sweep.
 
 Shard layout under the capture prefix: ``completions/<YYYYMMDDTHH>/<worker>-<boot>-<seq>.jsonl``, one file a
-flush, in the UTC hour of the flush (``records_key`` of ``dfp_shared.completions`` with the shard name
-``<hour>/<worker>-<boot>-<seq>``; the layout's owner is ``dfp_shared.capture_source``, which reads it back for
+flush, in the UTC hour of the flush (``records_key`` of ``dfp_shared.records.completions`` with the shard name
+``<hour>/<worker>-<boot>-<seq>``; the layout's owner is ``dfp_adapt.source``, which reads it back for
 training). The retention sweep deletes a shard once its whole hour is older than the
 retention. A full queue or a failed write drops the captures (counted); the request path never waits on it.
 """
@@ -21,9 +21,9 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 
-from dfp_shared.capture_source import CAPTURED_AT_FORMAT, HOUR_FORMAT, HOUR_RE
-from dfp_shared.completions import ID, META, encode_records, records_key
-from dfp_shared.storage import ObjectStore
+from dfp_shared.records.capture_layout import CAPTURED_AT_FORMAT, HOUR_FORMAT, HOUR_RE
+from dfp_shared.records.completions import ID, META, encode_records, records_key
+from dfp_shared.storage.store import ObjectStore
 
 from . import metrics
 from .assemble import EventReader, Exchange, Unusable, completion_records, settle

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import click
 import yaml
+from dfp_shared.api_client import DEFAULT_URL, Api
 from dfp_shared.cli_support import apply_assignments, put_field
-from dfp_shared.job_types import JOB_TYPES
+from dfp_shared.jobs.types import JOB_TYPES
 
-from .api_client import DEFAULT_URL, Api
-from .client_view import job_line, job_table, job_view, show, watch_job
+from dfp_cli.client_view import job_line, job_table, job_view, show, watch_job
 
 
 def api_options(fn):

@@ -11,14 +11,13 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 import click
+from dfp_shared.api_client import Api, sse_events
 from dfp_shared.printable import printable, printable_tree
 from dfp_shared.specs import PipelineSpec
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
-
-from .api_client import Api, sse_events
 
 console = Console(highlight=False)
 TERMINAL = {"succeeded", "failed", "cancelled"}

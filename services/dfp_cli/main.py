@@ -28,7 +28,7 @@ COMMANDS = {
     "status": "dfp_cli.client:status",
     "cancel": "dfp_cli.client:cancel",
     "models": "dfp_cli.models:group",
-    "adapt": "dfp_cli.adapt:group",
+    "adapt": "dfp_adapt.cli:group",
 }
 
 HELP = {

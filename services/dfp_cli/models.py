@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 from dfp_shared.cli_support import with_settings
-from dfp_shared.gguf_import import GGUFImportSettings
+from dfp_shared.models.gguf_import import GGUFImportSettings
 from dfp_shared.printable import printable
 
 
@@ -25,9 +25,9 @@ def import_gguf_command(source: str, output: str, owner: str | None, settings: G
     service and the generation engine then load it like any Hugging Face checkpoint. Through the API the same
     import is an `import_gguf` job (`dflash-pipeline submit import_gguf --source ... --output ...`).
     """
-    from dfp_shared.gguf_import import GGUFError, import_gguf
-    from dfp_shared.storage import StorageError
-    from dfp_shared.storage_roots import StorageRoots
+    from dfp_shared.models.gguf_import import GGUFError, import_gguf
+    from dfp_shared.storage.roots import StorageRoots
+    from dfp_shared.storage.store import StorageError
 
     try:
         keys = import_gguf(source, output, StorageRoots.from_settings(settings), owner,

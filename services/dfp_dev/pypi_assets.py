@@ -16,7 +16,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfp_shared.tokenizer_assets import default_cache_dir
+from dfp_shared.models.tokenizer_assets import default_cache_dir
 
 
 @dataclass(frozen=True)

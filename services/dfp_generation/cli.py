@@ -24,7 +24,7 @@ def group():
 @idle_exit_option
 def worker(settings: GenerationSettings, max_tasks, idle_exit_s):
     """Consume generate tasks (plan, shards, finalize) from the Redis stream."""
-    from dfp_shared.redis_conn import connect
+    from dfp_shared.jobs.redis_conn import connect
 
     from .tasks import GenerationHandler, GenerationWorker
 

@@ -10,7 +10,7 @@ attempt that owns it), and every change goes through one Redis script:
   first withdraws the previous attempt's contribution; from then on only the newest attempt's
   updates count, so a stale worker still running the shard cannot add to it;
 * completing the shard withdraws its live contribution and adds its final counts, under the same
-  exactly-once check as :meth:`dfp_shared.jobs.JobStore.complete_task`; updates that arrive after
+  exactly-once check as :meth:`dfp_shared.jobs.store.JobStore.complete_task`; updates that arrive after
   that are ignored.
 
 So the counters never count a result twice, and once every shard is done they equal the sum of the
@@ -25,7 +25,7 @@ import uuid
 from collections import Counter
 
 import redis
-from dfp_shared.jobs import JobStore
+from dfp_shared.jobs.store import JobStore
 
 from .engines import GenResult
 

@@ -10,9 +10,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dfp_shared.completions import SHARD_COUNTS, build_manifest, shard_entry, write_manifest
+from dfp_shared.records.completions import SHARD_COUNTS, build_manifest, shard_entry, write_manifest
 from dfp_shared.specs.generate import GenerateSpec
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 
 from .engines import GenResult
 from .plan import Plan, plan_shards

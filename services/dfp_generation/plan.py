@@ -16,9 +16,16 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from dfp_shared.prompts import Prompt, PromptSource, iter_prompts, parse_line, resolve_prompt_set, split_lines
 from dfp_shared.record_sources import LINES, detect_format
-from dfp_shared.storage import open_store
+from dfp_shared.records.prompts import (
+    Prompt,
+    PromptSource,
+    iter_prompts,
+    parse_line,
+    resolve_prompt_set,
+    split_lines,
+)
+from dfp_shared.storage.store import open_store
 
 
 @dataclass

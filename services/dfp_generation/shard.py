@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from dfp_shared.completions import completion_record, encode_records, errors_key, records_key
-from dfp_shared.prompts import Prompt, PromptError, iter_prompts
 from dfp_shared.record_sources import LINES
+from dfp_shared.records.completions import completion_record, encode_records, errors_key, records_key
+from dfp_shared.records.prompts import Prompt, PromptError, iter_prompts
 from dfp_shared.specs.generate import GenerateSpec
-from dfp_shared.storage import NotFound, ObjectStore, open_store
+from dfp_shared.storage.store import NotFound, ObjectStore, open_store
 from prometheus_client import Counter
 
 from .engines import Engine, GenRequest, GenResult, SamplingParams

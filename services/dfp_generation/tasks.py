@@ -14,18 +14,18 @@ import logging
 import time
 
 import redis
-from dfp_shared.completions import MANIFEST, SHARD_COUNTS, build_manifest, shard_entry, write_manifest
-from dfp_shared.job_flow import finish_job
-from dfp_shared.job_types import GENERATE
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.ownership import OutputClaims
-from dfp_shared.prompts import PROMPT_SUFFIXES
-from dfp_shared.queue import Task, TaskQueue
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.queue import Task, TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import PLAN_KEY
+from dfp_shared.jobs.types import GENERATE
+from dfp_shared.jobs.worker import JobHandler, TaskCancelled, TaskContext, TaskReleased, Worker
+from dfp_shared.records.completions import MANIFEST, SHARD_COUNTS, build_manifest, shard_entry, write_manifest
+from dfp_shared.records.prompts import PROMPT_SUFFIXES
 from dfp_shared.specs.generate import GenerateSpec
-from dfp_shared.storage import StorageError, open_store
-from dfp_shared.storage_roots import OutsideRoots, StorageRoots, parent_prefix
-from dfp_shared.submit import PLAN_KEY
-from dfp_shared.worker import JobHandler, TaskCancelled, TaskContext, TaskReleased, Worker
+from dfp_shared.storage.ownership import OutputClaims
+from dfp_shared.storage.roots import OutsideRoots, StorageRoots, parent_prefix
+from dfp_shared.storage.store import StorageError, open_store
 
 from .endpoints import EndpointError
 from .endpoints import resolve as resolve_endpoint
@@ -75,7 +75,7 @@ def build_engine(spec: GenerateSpec, settings: GenerationSettings) -> Engine:
 
 
 class GenerationHandler(JobHandler):
-    """``handler(task, ctx)`` for :class:`dfp_shared.worker.Worker`; keeps the last engine loaded."""
+    """``handler(task, ctx)`` for :class:`dfp_shared.jobs.worker.Worker`; keeps the last engine loaded."""
 
     def __init__(self, r: redis.Redis, settings: GenerationSettings):
         self.r = r

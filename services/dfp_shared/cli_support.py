@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode
 
-from .config import ConfigError, env_name, is_secret, load_settings
-from .logs import setup_logging
+from dfp_shared.config import ConfigError, env_name, is_secret, load_settings
+from dfp_shared.logs import setup_logging
 
 
 class _Unconverted(click.ParamType):
@@ -126,8 +126,8 @@ idle_exit_option = click.option("--idle-exit-s", type=float, default=None,
 
 
 def run_worker(worker, metrics_port: int, *, max_tasks: int | None = None, idle_exit_s: float | None = None) -> None:
-    """Serve /metrics (0: not), stop cleanly on SIGTERM, and run a :class:`~dfp_shared.worker.Worker` loop."""
-    from .metrics import start_metrics_server
+    """Serve /metrics (0: not), stop cleanly on SIGTERM, and run a :class:`~dfp_shared.jobs.worker.Worker` loop."""
+    from dfp_shared.metrics import start_metrics_server
 
     start_metrics_server(metrics_port)
     worker.install_signal_handlers()

@@ -60,7 +60,7 @@ class CommonSettings(BaseSettings):
     @field_validator("reserved_prefixes")
     @classmethod
     def _reservations(cls, value: str) -> str:
-        from .storage_roots import parse_reservations
+        from dfp_shared.storage.roots import parse_reservations
 
         parse_reservations(value)
         return value

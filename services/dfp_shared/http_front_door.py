@@ -26,7 +26,7 @@ import os
 from pydantic import Field
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from .config import CommonSettings
+from dfp_shared.config import CommonSettings
 
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_HEADERS = 100

@@ -6,7 +6,7 @@ import logging
 
 from dfp_shared.hidden_states import PrivateDir, ShmError, build_model_info
 from dfp_shared.metrics import start_metrics_server
-from dfp_shared.models import load_causal_lm, local_model_dir
+from dfp_shared.models.loading import load_causal_lm, local_model_dir
 from dfp_shared.signals import StopSignals
 
 from .server import TargetServer

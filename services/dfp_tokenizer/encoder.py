@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import numpy as np
 from dfp_shared.chat_template.budget import run_within
+from dfp_shared.models.tokenizer_assets import chat_template_fingerprint, tokenizer_fingerprint
 from dfp_shared.specs.tokenize import TokenizeSpec
-from dfp_shared.tokenizer_assets import chat_template_fingerprint, tokenizer_fingerprint
 
 from . import records as R
 from . import render_process

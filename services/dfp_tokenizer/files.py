@@ -3,7 +3,7 @@
 Input files are JSON Lines (read line by line, as bytes in memory) or, streamed through the shared
 record readers (:mod:`dfp_shared.record_sources`), a JSON array of records, a Parquet file or an
 Arrow file of a ``datasets`` ``save_to_disk`` directory. The result holds the encoded shard
-(``dfp_shared.token_shards`` format), its manifest entry, the bad records (file, line / record /
+(``dfp_shared.records.token_shards`` format), its manifest entry, the bad records (file, line / record /
 row, reason) and the file's statistics, which the job's finalize step merges into ``stats.json``.
 """
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from dfp_shared import record_sources as sources
-from dfp_shared.storage import ObjectStore
-from dfp_shared.token_shards import encode_shard, shard_entry
-from dfp_shared.worker import TaskCancelled, TaskReleased
+from dfp_shared.jobs.worker import TaskCancelled, TaskReleased
+from dfp_shared.records.token_shards import encode_shard, shard_entry
+from dfp_shared.storage.store import ObjectStore
 
 from .encoder import Encoded, Prepared, SampleEncoder
 from .limits import DEFAULT_MAX_LINE_BYTES

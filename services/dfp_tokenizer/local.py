@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-from dfp_shared.job_types import TOKENIZE
-from dfp_shared.jobs import JobRecord, JobStore
-from dfp_shared.redis_conn import connect
-from dfp_shared.storage_roots import parent_prefix, parse_prefixes
-from dfp_shared.submit import queue_job
+from dfp_shared.jobs.redis_conn import connect
+from dfp_shared.jobs.store import JobRecord, JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.jobs.types import TOKENIZE
+from dfp_shared.storage.roots import parent_prefix, parse_prefixes
 
 from .pool import Pool
 from .progress import progress_bar, timing, watching

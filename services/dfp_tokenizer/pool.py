@@ -3,7 +3,7 @@
 The parent forks the processes before anything loads a tokenizer (the Rust tokenizer's thread
 pool is not fork-safe), restarts a process that dies (OOM kill, SIGKILL: its task is reclaimed by
 another consumer once its lease runs out), and forwards SIGTERM/SIGINT: each process finishes the
-tasks in hand, then exits. In a process, each thread is a :class:`~dfp_shared.worker.Worker`
+tasks in hand, then exits. In a process, each thread is a :class:`~dfp_shared.jobs.worker.Worker`
 with its own consumer name, so one thread's download or upload overlaps another's tokenization.
 """
 
@@ -18,12 +18,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from dfp_shared.job_types import TOKENIZE
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.redis_conn import connect
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.redis_conn import connect
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.types import TOKENIZE
 from dfp_shared.signals import STOP_SIGNALS, StopSignals, ignore_sigint
-from dfp_shared.storage_roots import StorageRoots
+from dfp_shared.storage.roots import StorageRoots
 
 from .limits import EncodeLimits
 from .settings import TokenizerSettings

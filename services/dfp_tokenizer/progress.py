@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from dfp_shared.jobs import JobStore
+from dfp_shared.jobs.store import JobStore
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 

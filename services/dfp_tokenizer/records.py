@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from dfp_shared.completions import REASONING, record_id, record_messages
+from dfp_shared.records.completions import REASONING, record_id, record_messages
 
 ROLE_ALIASES = {
     "user": "user", "human": "user", "system": "system", "assistant": "assistant", "gpt": "assistant",

@@ -19,17 +19,17 @@ import threading
 from pathlib import Path
 
 from dfp_shared.config import CommonSettings, load_settings
-from dfp_shared.job_flow import finish_job
-from dfp_shared.jobs import JobStore
-from dfp_shared.ownership import OutputClaims
-from dfp_shared.queue import Task, TaskQueue
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.queue import Task, TaskQueue
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import PLAN_KEY
+from dfp_shared.jobs.worker import JobHandler, TaskContext, Worker
+from dfp_shared.models.tokenizer_assets import default_cache_dir, load_tokenizer
+from dfp_shared.records.token_shards import MANIFEST, build_manifest
 from dfp_shared.specs.tokenize import TokenizeSpec
-from dfp_shared.storage import NotFound, ObjectStore, local_dir_confined, open_store, split_uri, visible
-from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.submit import PLAN_KEY
-from dfp_shared.token_shards import MANIFEST, build_manifest
-from dfp_shared.tokenizer_assets import default_cache_dir, load_tokenizer
-from dfp_shared.worker import JobHandler, TaskContext, Worker
+from dfp_shared.storage.ownership import OutputClaims
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import NotFound, ObjectStore, local_dir_confined, open_store, split_uri, visible
 from prometheus_client import Counter
 
 from .encoder import SampleEncoder
@@ -88,7 +88,7 @@ class EncoderCache:
 
 
 class TokenizeHandler(JobHandler):
-    """``handler(task, ctx)`` for the shared :class:`~dfp_shared.worker.Worker` loop."""
+    """``handler(task, ctx)`` for the shared :class:`~dfp_shared.jobs.worker.Worker` loop."""
 
     def __init__(self, r, encoders: EncoderCache, endpoint_url: str | None = None, roots: StorageRoots | None = None):
         self.r = r

@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass
 
 from dfp_shared.chat_template.render import compile_template
-from dfp_shared.thinking import THINK_CLOSE, THINK_OPEN, split_inline_reasoning
+from dfp_shared.records.thinking import THINK_CLOSE, THINK_OPEN, split_inline_reasoning
 
 from .limits import EncodeLimits
 from .records import TEMPLATE_ALIGNMENT, TEMPLATE_ERROR, SampleError, short_detail

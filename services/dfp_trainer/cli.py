@@ -23,11 +23,11 @@ def group():
 @click.option("--idle-exit", type=float, default=None, help="Exit after this many idle seconds.")
 def worker(settings: TrainerSettings, max_tasks, idle_exit):
     """Claim train jobs from the Redis stream and run them (resuming from checkpoints)."""
-    from dfp_shared.job_types import TRAIN
-    from dfp_shared.jobs import JobStore
-    from dfp_shared.queue import TaskQueue
-    from dfp_shared.redis_conn import connect
-    from dfp_shared.worker import Worker
+    from dfp_shared.jobs.queue import TaskQueue
+    from dfp_shared.jobs.redis_conn import connect
+    from dfp_shared.jobs.store import JobStore
+    from dfp_shared.jobs.types import TRAIN
+    from dfp_shared.jobs.worker import Worker
 
     from .worker import TrainHandler
 

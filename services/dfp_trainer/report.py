@@ -25,9 +25,9 @@ import logging
 from pathlib import Path
 
 import torch
-from dfp_shared.models import load_causal_lm
-from dfp_shared.stop_tokens import stop_token_ids
-from dfp_shared.storage import open_store
+from dfp_shared.models.loading import load_causal_lm
+from dfp_shared.models.stop_tokens import stop_token_ids
+from dfp_shared.storage.store import open_store
 
 from .components.metrics.heldout import evaluate_heldout, initial_weights
 from .drafter.wrappers import unwrap

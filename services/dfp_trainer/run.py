@@ -88,7 +88,7 @@ def main(spec_path: str, job_id: str | None, result_path: str | None, group_run:
         if result_path:
             Path(result_path).write_text(json.dumps(data))
         if group_run:
-            from dfp_shared.redis_conn import connect
+            from dfp_shared.jobs.redis_conn import connect
 
             from .group import GroupRuns
 

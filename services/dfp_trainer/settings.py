@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from dfp_shared.gguf_import import GGUFImportSettings
+from dfp_shared.models.gguf_import import GGUFImportSettings
 from dfp_shared.specs._names import DEFAULT, load_name_map
 from pydantic import Field, field_validator, model_validator
 

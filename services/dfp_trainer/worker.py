@@ -8,11 +8,11 @@ others :func:`~.jobs.launch.follow` the group's current run (re-exported here fo
 
 from __future__ import annotations
 
-from dfp_shared.job_types import TRAIN
-from dfp_shared.ownership import OutputClaims
-from dfp_shared.queue import Task
-from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.worker import JobHandler, TaskContext
+from dfp_shared.jobs.queue import Task
+from dfp_shared.jobs.types import TRAIN
+from dfp_shared.jobs.worker import JobHandler, TaskContext
+from dfp_shared.storage.ownership import OutputClaims
+from dfp_shared.storage.roots import StorageRoots
 
 from .jobs import JOBS
 from .jobs.launch import child_env, follow, launch

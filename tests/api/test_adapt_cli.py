@@ -7,8 +7,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from dfp_adapt.served_store import ServedDrafters
 from dfp_cli.main import cli
-from dfp_shared.promotion import ServedDrafters
 
 from tests.shared.test_promotion import current_files, write_export
 
@@ -63,9 +63,9 @@ def test_a_run_needs_a_key_that_may_submit_jobs(make_app, redis_client, tmp_path
 
 
 def test_a_job_records_output_is_read_only_under_the_runs_own_prefix(tmp_path):
-    from dfp_cli.adapt_run import plan_run
-    from dfp_cli.adapt_settings import AdaptSettings
-    from dfp_shared.storage_roots import OutsideRoots
+    from dfp_adapt.run import plan_run
+    from dfp_adapt.settings import AdaptSettings
+    from dfp_shared.storage.roots import OutsideRoots
 
     root = f"file://{tmp_path}"
     settings = AdaptSettings(storage_url=root, adapt_name="qwen3")
@@ -83,10 +83,10 @@ def test_a_run_whose_key_the_reservations_do_not_name_claims_nothing(tmp_path, m
     claims the served store (which would then stay held by the wrong principal)."""
     from datetime import datetime, timezone
 
-    from dfp_cli.adapt_run import plan_run
-    from dfp_cli.adapt_settings import AdaptSettings
-    from dfp_shared.ownership import MARKER
-    from dfp_shared.storage_roots import OutsideRoots
+    from dfp_adapt.run import plan_run
+    from dfp_adapt.settings import AdaptSettings
+    from dfp_shared.storage.ownership import MARKER
+    from dfp_shared.storage.roots import OutsideRoots
 
     root = tmp_path / "root"
     monkeypatch.setenv("DFLASH_STORAGE_URL", f"file://{root}")
@@ -106,8 +106,8 @@ def test_a_run_stopped_by_sigterm_mid_promotion_releases_the_served_store(tmp_pa
     import os
     import signal
 
-    import dfp_cli.adapt_run as adapt_run
-    from dfp_shared.promotion import LOCK
+    import dfp_adapt.run as adapt_run
+    from dfp_adapt.served_store import LOCK
 
     served = ServedDrafters(f"file://{tmp_path}/served", "default")
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from dfp_adapt.served_store import ServedDrafters
 from dfp_cli.main import cli
-from dfp_shared.promotion import ServedDrafters
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 
 from tests.shared.test_promotion import write_export
 
@@ -100,7 +100,7 @@ def test_what_the_store_holds_reaches_the_terminal_without_escapes(tmp_path):
 
 
 def test_the_architectures_named_are_the_trainer_s():
-    from dfp_cli.adapt import V2_RUNNER
+    from dfp_adapt.cli import V2_RUNNER
     from dfp_trainer.drafter.families import dflash2, dspark
 
     assert V2_RUNNER == (dspark.ARCHITECTURE, dflash2.ARCHITECTURE)

@@ -8,9 +8,9 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from dfp_cli.adapt_run import sweep_old_runs
-from dfp_cli.adapt_settings import AdaptSettings
-from dfp_shared.storage import open_store
+from dfp_adapt.run import sweep_old_runs
+from dfp_adapt.settings import AdaptSettings
+from dfp_shared.storage.store import open_store
 
 NOW = datetime(2026, 3, 8, 3, 0, tzinfo=timezone.utc)
 

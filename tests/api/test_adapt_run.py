@@ -15,20 +15,20 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from dfp_cli.adapt_run import JobsApi, adapt_once
-from dfp_cli.adapt_settings import AdaptSettings
-from dfp_cli.api_client import Api
+from dfp_adapt.rule import decide, paired
+from dfp_adapt.run import JobsApi, adapt_once
+from dfp_adapt.served_store import ServedDrafters
+from dfp_adapt.settings import AdaptSettings
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
-from dfp_shared.completions import completion_record, encode_records
-from dfp_shared.jobs import JobStore
-from dfp_shared.ownership import OutputClaims, OutputOwned
-from dfp_shared.promotion import ServedDrafters
-from dfp_shared.promotion_rule import decide, paired
-from dfp_shared.queue import TaskQueue
-from dfp_shared.storage import open_store
-from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.worker import Worker
+from dfp_shared.api_client import Api
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.worker import Worker
+from dfp_shared.records.completions import completion_record, encode_records
+from dfp_shared.storage.ownership import OutputClaims, OutputOwned
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import open_store
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler
 
@@ -61,7 +61,7 @@ def write_traffic(capture: str) -> None:
 def untrained_export(tiny_qwen3_dir, stage_specs: dict, out) -> str:
     """A drafter the runs' train spec builds, untrained, exported as a train job exports it."""
     import torch
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
     from dfp_trainer.drafter.model import DFlashDrafter
     from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id
     from dfp_trainer.export.zlab import export_drafter

@@ -9,8 +9,8 @@ import logging
 import pytest
 from dfp_api.settings import ApiSettings
 from dfp_shared.config import ConfigError, load_settings
-from dfp_shared.jobs import JobStore
-from dfp_shared.submit import queue_job
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
 from fastapi.testclient import TestClient
 
 from .conftest import READ_KEY, WRITE_KEY, auth, key_entries

@@ -109,7 +109,7 @@ def test_the_body_limit_is_a_setting_with_a_1_mib_default(monkeypatch):
 
 
 def test_list_items_leave_the_spec_out_and_the_single_get_keeps_it(api, redis_client):
-    from dfp_shared.jobs import JobStore
+    from dfp_shared.jobs.store import JobStore
 
     big = {**GEN_SPEC, "notes": "m" * 200_000}  # as big as a spec stored before bounds existed
     ids = [JobStore(redis_client).create("generate", big, owner="writer")[0].id for _ in range(5)]

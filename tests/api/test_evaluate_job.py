@@ -7,13 +7,13 @@ import json
 
 import pytest
 import torch
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.models import load_causal_lm
-from dfp_shared.queue import TaskQueue
-from dfp_shared.stop_tokens import stop_token_ids
-from dfp_shared.submit import queue_job
-from dfp_shared.tokenizer_assets import load_tokenizer
-from dfp_shared.worker import Worker
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.jobs.worker import Worker
+from dfp_shared.models.loading import load_causal_lm
+from dfp_shared.models.stop_tokens import stop_token_ids
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.model import DFlashDrafter
 from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id

@@ -8,8 +8,8 @@ import json
 import click
 import httpx
 import pytest
-from dfp_cli import api_client
-from dfp_cli.api_client import Api, sse_events
+from dfp_shared import api_client
+from dfp_shared.api_client import Api, sse_events
 
 SSE = {"content-type": "text/event-stream; charset=utf-8"}
 

@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.models import load_causal_lm
-from dfp_shared.queue import TaskQueue
-from dfp_shared.storage import open_store
-from dfp_shared.submit import queue_job
-from dfp_shared.worker import Worker
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.jobs.worker import Worker
+from dfp_shared.models.loading import load_causal_lm
+from dfp_shared.storage.store import open_store
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler
 from fastapi.testclient import TestClient

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from dfp_shared.job_flow import finish_job
-from dfp_shared.jobs import JobState, JobStore
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.store import JobState, JobStore
 
 GEN_SPEC = {"prompts": "s3://bucket/prompts/", "output": "s3://bucket/out", "model": "file:///models/tiny"}
 TOK_SPEC = {"input": "s3://bucket/out/completions/", "output": "s3://bucket/tokens", "tokenizer": "/models/tok"}

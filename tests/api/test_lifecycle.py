@@ -6,9 +6,9 @@ import json
 import threading
 import time
 
-from dfp_shared.queue import TaskQueue
-from dfp_shared.storage import open_store
-from dfp_shared.token_shards import load_dataset
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.records.token_shards import load_dataset
+from dfp_shared.storage.store import open_store
 
 from .sse import read_events
 from .tokenize_worker import start_worker, write_completions

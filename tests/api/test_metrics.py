@@ -3,7 +3,7 @@ a pipeline's from its train stage, and every point on the job's event stream."""
 
 from __future__ import annotations
 
-from dfp_shared.jobs import METRICS_MAXLEN, JobStore
+from dfp_shared.jobs.store import METRICS_MAXLEN, JobStore
 
 from tests.api.sse import read_events
 

@@ -13,10 +13,10 @@ import time
 
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
-from dfp_shared.job_flow import finish_job
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.worker import Worker
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.worker import Worker
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler
 

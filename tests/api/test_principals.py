@@ -6,9 +6,9 @@ import hashlib
 import json
 
 import pytest
-from dfp_shared.job_flow import finish_job
-from dfp_shared.jobs import JobStore
-from dfp_shared.submit import queue_job
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
 from fastapi.testclient import TestClient
 
 from .conftest import READ_KEY, WRITE_KEY, auth

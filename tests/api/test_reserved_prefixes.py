@@ -10,7 +10,7 @@ import json
 
 import pytest
 from dfp_shared.config import CommonSettings, ConfigError, load_settings
-from dfp_shared.storage_roots import OutsideRoots, StorageRoots
+from dfp_shared.storage.roots import OutsideRoots, StorageRoots
 from fastapi.testclient import TestClient
 
 from .conftest import WRITE_KEY, auth
@@ -123,7 +123,7 @@ def capture_layout(tmp_path):
 
 def test_a_generate_shard_reads_only_the_spec_s_prompts_not_the_reserved_traffic(capture_layout):
     from dfp_generation.tasks import GenerationHandler
-    from dfp_shared.queue import Task
+    from dfp_shared.jobs.queue import Task
     from dfp_shared.specs.generate import GenerateSpec
 
     root, roots = capture_layout
@@ -157,7 +157,7 @@ def test_a_task_s_file_through_a_symlink_is_checked_where_it_leads(capture_layou
 
 
 def test_a_trainer_group_member_checks_the_reservations_of_a_published_run(capture_layout, redis_client):
-    from dfp_shared.jobs import JobStore
+    from dfp_shared.jobs.store import JobStore
     from dfp_trainer.jobs.launch import _allowed
 
     root, roots = capture_layout

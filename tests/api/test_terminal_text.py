@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from dfp_shared.job_flow import finish_job
-from dfp_shared.jobs import JobStore
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.store import JobStore
 from dfp_shared.printable import printable
 
 from .conftest import WRITE_KEY

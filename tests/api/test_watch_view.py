@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from dfp_cli.client_view import WatchView, figures
-from dfp_shared.jobs import JobRecord, JobState
+from dfp_shared.jobs.store import JobRecord, JobState
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 

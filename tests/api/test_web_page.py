@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from dfp_shared.jobs import JobStore
+from dfp_shared.jobs.store import JobStore
 
 from .conftest import WRITE_KEY, served
 

@@ -10,11 +10,11 @@ import json
 import threading
 
 import redis
-from dfp_shared.job_types import TOKENIZE
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.submit import PLAN_KEY
-from dfp_shared.worker import Worker
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import PLAN_KEY
+from dfp_shared.jobs.types import TOKENIZE
+from dfp_shared.jobs.worker import Worker
 from dfp_tokenizer.tasks import FINALIZE_KEY, EncoderCache, TokenizeHandler
 
 

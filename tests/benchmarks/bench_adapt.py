@@ -2,7 +2,7 @@
 
 1. The served drafter: SmolLM2-135M-Instruct's DFlash drafter trained on ShareGPT's own answers by
    ``bench_quality_real.py --curve`` (the cached one under its ``--work`` when present, else trained with its
-   functions), promoted as version 1 of a fresh served store (:mod:`dfp_shared.promotion`).
+   functions), promoted as version 1 of a fresh served store (:mod:`dfp_adapt.served_store`).
 2. The domain: Python code. Each request gives a documented function of the running interpreter's standard library
    cut after its docstring ("Complete this Python function ..."), picked by a hash across the library. It is on
    every machine (no download), it is a domain a code assistant's traffic is full of, and ShareGPT's first chat
@@ -91,9 +91,9 @@ def sharegpt_drafter(work: Path, model: Path, recipe: str, size: int, epochs: fl
 def serve_version_1(store: Path, drafter: Path):
     """A fresh served store holding ``drafter`` as version 1, claimed (as the operator would) for the principal of
     the key the adapt run uses, so the run may write there."""
-    from dfp_shared.ownership import OutputClaims
-    from dfp_shared.promotion import ServedDrafters
-    from dfp_shared.storage_roots import StorageRoots
+    from dfp_adapt.served_store import ServedDrafters
+    from dfp_shared.storage.ownership import OutputClaims
+    from dfp_shared.storage.roots import StorageRoots
 
     served = ServedDrafters(f"file://{store}/served", NAME)
     OutputClaims(StorageRoots([f"file://{store}"])).claim(served.uri, parts.PRINCIPAL, "serve-version-1",
@@ -103,7 +103,7 @@ def serve_version_1(store: Path, drafter: Path):
 
 
 def heldout_count(n: int, share: float) -> int:
-    """How many of ``n`` records the adapt run holds out (as :func:`dfp_shared.capture_source.prepare_source`)."""
+    """How many of ``n`` records the adapt run holds out (as :func:`dfp_adapt.source.prepare_source`)."""
     return max(1, round(n * share))
 
 
@@ -207,8 +207,8 @@ def served_by(python: Path, model: Path, logs: Path, name: str, prompts: list[di
 def greedy_check(model: Path, event: dict, tail: list[dict], served: dict[str, list]) -> dict:
     """Whether the run held out exactly the stream's last requests, and every served answer equals the target's
     greedy output (the evaluate job's n-gram decoding) token for token."""
-    from dfp_shared.stop_tokens import stop_token_ids
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.stop_tokens import stop_token_ids
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
 
     run = Path(event["run"].removeprefix("file://"))
     held = [json.loads(line) for line in (run / "heldout" / "prompts.jsonl").read_text().splitlines() if line.strip()]

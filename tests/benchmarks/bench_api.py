@@ -42,7 +42,7 @@ NAMES = ("project", "baseline", "limit")
 def serve_reference(kind: str, port: int, redis_url: str) -> None:
     import redis
     import uvicorn
-    from dfp_shared.jobs import JobStore
+    from dfp_shared.jobs.store import JobStore
     from fastapi import FastAPI
 
     app = FastAPI()
@@ -119,8 +119,8 @@ def main() -> None:
         return serve_reference(args.serve, args.port, args.redis_url)
 
     import uvloop
-    from dfp_shared.jobs import JobStore
-    from dfp_shared.submit import queue_job
+    from dfp_shared.jobs.store import JobStore
+    from dfp_shared.jobs.submit import queue_job
 
     from tests.support.servers import RedisServer, free_port
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 from _common import best_of, report
-from dfp_shared.storage import open_store
-from dfp_shared.token_shards import build_manifest, encode_shard, shard_entry
+from dfp_shared.records.token_shards import build_manifest, encode_shard, shard_entry
+from dfp_shared.storage.store import open_store
 from dfp_trainer.components.data.collate import collate
 from dfp_trainer.components.data.dataset import BatchSampler, load_training_data
 

@@ -51,10 +51,10 @@ def main() -> None:
     import torch
     from dfp_dev.targets.learnable import build_learnable_target, default_root
     from dfp_dev.targets.qwen3_tokenizer import qwen3_tokenizer_dir
-    from dfp_shared.models import load_causal_lm
-    from dfp_shared.prompts import read_prompt_set
-    from dfp_shared.stop_tokens import stop_token_ids
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.loading import load_causal_lm
+    from dfp_shared.models.stop_tokens import stop_token_ids
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
+    from dfp_shared.records.prompts import read_prompt_set
     from dfp_trainer.drafter.config import DrafterConfig
     from dfp_trainer.drafter.families import build_drafter
     from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id

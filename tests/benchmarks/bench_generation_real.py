@@ -60,8 +60,8 @@ def run_engine(base_url: str, model: str, messages: list[list[dict]], max_new_to
 def forward_rate(model_dir, messages: list[list[dict]], answers: list[str], batch: int = 16) -> tuple[float, int]:
     """Tokens/s of the target's forward alone over the prompts with their answers, and the tokens it read."""
     import torch
-    from dfp_shared.models import load_causal_lm
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.loading import load_causal_lm
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
 
     tok = load_tokenizer(model_dir)
     model = load_causal_lm(str(model_dir), device="cpu")

@@ -19,7 +19,7 @@ import time
 
 import torch
 from _common import report
-from dfp_shared.token_shards import TokenDataset
+from dfp_shared.records.token_shards import TokenDataset
 from dfp_trainer.components.data.collate import collate, fetch_hidden
 from dfp_trainer.components.data.dataset import BatchSampler
 from dfp_trainer.components.data.stages import DeviceCopier, Pipeline

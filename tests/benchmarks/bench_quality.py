@@ -200,7 +200,7 @@ def train(model_dir: Path, dataset: Path, recipe: dict, steps: int, out: Path, *
 def untrained_export(model_dir: Path, trained: Path, out: Path, init: str = "random") -> None:
     """The drafter the run started from (same config, same seed, same ``init``), exported like a trained one."""
     import torch
-    from dfp_shared.models import load_causal_lm
+    from dfp_shared.models.loading import load_causal_lm
     from dfp_trainer.drafter.load import load_exported
     from dfp_trainer.drafter.model import DFlashDrafter
     from dfp_trainer.export.zlab import export_drafter

@@ -113,7 +113,7 @@ def first_turns(prompts) -> list[dict]:
 
 def prepare_prompts(work: Path, train_n: int, heldout_n: int) -> dict:
     from dfp_dev.prompt_sets import mtbench_file, sharegpt_file
-    from dfp_shared.prompts import read_prompt_set
+    from dfp_shared.records.prompts import read_prompt_set
 
     source = sharegpt_file()
     prompts, errors = read_prompt_set(f"file://{source}")

@@ -18,10 +18,10 @@ import signal
 import time
 
 from _common import report
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.redis_conn import connect
-from dfp_shared.worker import Worker
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.redis_conn import connect
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.worker import Worker
 
 from tests.support.servers import RedisServer
 

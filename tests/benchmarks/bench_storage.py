@@ -18,7 +18,7 @@ import sys
 import time
 
 from _common import ROOT, report  # noqa: F401
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 
 from tests.support.servers import free_port, wait_for_port
 

@@ -28,9 +28,9 @@ import time
 
 from _common import report
 from dfp_dev.targets.qwen3_tokenizer import qwen3_tokenizer_dir
+from dfp_shared.models.tokenizer_assets import load_tokenizer
+from dfp_shared.records.token_shards import encode_shard
 from dfp_shared.specs.tokenize import TokenizeSpec
-from dfp_shared.token_shards import encode_shard
-from dfp_shared.tokenizer_assets import load_tokenizer
 from dfp_tokenizer import render_process
 from dfp_tokenizer.encoder import SampleEncoder
 from dfp_tokenizer.files import tokenize_file

@@ -38,7 +38,7 @@ RECIPE = {"tokens_per_batch": 1024, "block_size": 8, "max_anchors": 16, "num_dra
 
 
 def target_dir(work: Path, tiny: bool) -> tuple[Path, str]:
-    from dfp_shared.tokenizer_assets import default_cache_dir
+    from dfp_shared.models.tokenizer_assets import default_cache_dir
 
     real = Path(default_cache_dir()) / "smollm2-135m-instruct"
     if not tiny and (real / ".complete").is_file():
@@ -52,8 +52,8 @@ def target_dir(work: Path, tiny: bool) -> tuple[Path, str]:
 
 
 def write_dataset(uri: str, vocab: int, samples: int) -> str:
-    from dfp_shared.storage import open_store
-    from dfp_shared.token_shards import build_manifest, encode_shard, shard_entry
+    from dfp_shared.records.token_shards import build_manifest, encode_shard, shard_entry
+    from dfp_shared.storage.store import open_store
 
     g = torch.Generator().manual_seed(SEED)
     lengths = torch.randint(128, 385, (samples,), generator=g).tolist()
@@ -115,10 +115,10 @@ def main() -> None:
         dataset_checksum,
         fill_shards,
     )
-    from dfp_shared.models import default_target_layer_ids, model_fingerprint
+    from dfp_shared.models.loading import default_target_layer_ids, model_fingerprint
+    from dfp_shared.records.token_shards import load_dataset
     from dfp_shared.specs.train import TrainSpec
-    from dfp_shared.storage import open_store
-    from dfp_shared.token_shards import load_dataset
+    from dfp_shared.storage.store import open_store
     from dfp_trainer.components.data.collate import collate
     from dfp_trainer.components.data.dataset import BatchSampler
     from dfp_trainer.components.distributed import DistInfo

@@ -48,8 +48,8 @@ from dfp_shared.hidden_states import (
     plan_batches,
 )
 from dfp_shared.hidden_states.shm_transport import HEADER_BYTES, ShmPool
+from dfp_shared.records.token_shards import TokenDataset
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.token_shards import TokenDataset
 from dfp_target.server import TargetServer
 from dfp_target.settings import TargetSettings
 from dfp_trainer.components.data.collate import collate, fetch_hidden
@@ -121,7 +121,7 @@ TINY = Shape("tiny (CPU rehearsal)", hidden=64, layers=8, heads=4, kv_heads=2, h
 
 
 def layer_ids(shape: Shape) -> list[int]:
-    from dfp_shared.models import default_target_layer_ids
+    from dfp_shared.models.loading import default_target_layer_ids
 
     return default_target_layer_ids(shape.layers, shape.draft_layers)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from dfp_dev import cached_env
-from dfp_shared.tokenizer_assets import default_cache_dir
+from dfp_shared.models.tokenizer_assets import default_cache_dir
 
 PEER = "speculators==0.9.0"
 TORCH = "torch==2.13.0"  # the CPU build of the machine's index, installed first so nothing pulls another
@@ -136,7 +136,7 @@ def target_states(model_dir: Path, ids: torch.Tensor, offsets: torch.Tensor, lay
     """Per token, the target's outputs of ``layer_ids`` side by side (N, K*H) and its last layer's output before
     the final norm (N, H), float32, one sample a forward."""
     from dfp_shared.hidden_states.forward import decoder_of
-    from dfp_shared.models import load_causal_lm
+    from dfp_shared.models.loading import load_causal_lm
 
     model = load_causal_lm(str(model_dir), device="cpu", dtype="float32")
     layers = decoder_of(model).layers
@@ -163,7 +163,7 @@ def prepare(model_dir: Path, dataset_dir: Path, ours: dict, settings: dict, out:
     ``ours``: our drafter's shape (``target_layer_ids``, ``mask_token_id``, ``block_size``, ``num_layers``,
     ``draft_vocab_size``) and recipe (``max_length``, ``tokens_per_batch``, ``max_anchors``, ``seed``, ``steps``);
     ``settings``: the peer's own (``lr``, ``warmup_ratio``, ``weight_decay``, ``gamma``, ``seed``, ...)."""
-    from dfp_shared.token_shards import load_dataset
+    from dfp_shared.records.token_shards import load_dataset
     from dfp_trainer.components.data.dataset import BatchSampler, trainable_samples
     from safetensors.torch import save_file
 

@@ -29,8 +29,8 @@ SAMPLE_MAX_TOKENS = 384  # a record is cut to this many tokens (prompt and answe
 def own_answers(sharegpt: Path, held_out_one_in: int, max_prompt_chars: int, limit: int) -> tuple[list[dict], dict]:
     """Up to ``limit`` training records (first turn and its first answer), in the hash order of
     ``bench_quality_real.first_turns``, none of them in the held-out slice; with counts of what was left out."""
-    from dfp_shared.prompts import ROLE_ALIASES
     from dfp_shared.record_sources.json_array import iter_array
+    from dfp_shared.records.prompts import ROLE_ALIASES
 
     seen, kept, counts = set(), [], {"records": 0, "no_answer": 0, "unreadable": 0, "held_out": 0, "duplicate": 0}
     with open(sharegpt, "rb") as stream:
@@ -74,7 +74,7 @@ def write_completions(records: list[dict], out: Path) -> None:
 
 def dataset_tokens(dataset: Path, max_length: int) -> tuple[int, int]:
     """(tokens, trained tokens) of a tokenized dataset as the trainer reads it (each sample cut to ``max_length``)."""
-    from dfp_shared.token_shards import load_dataset
+    from dfp_shared.records.token_shards import load_dataset
 
     ds = load_dataset(f"file://{dataset}")
     tokens = trained = 0
@@ -190,10 +190,10 @@ def greedy_outputs(model_dir: Path, prompt_file: Path, prompts: int, max_new_tok
     them, from n-gram speculation's decoding (which emits exactly them), with n-gram's τ: ``greedy.json``. Every
     drafter of the curve is then evaluated by replay against these answers."""
     import torch
-    from dfp_shared.models import load_causal_lm
+    from dfp_shared.models.loading import load_causal_lm
+    from dfp_shared.models.stop_tokens import stop_token_ids
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
     from dfp_shared.specs.evaluate import EvaluateSpec
-    from dfp_shared.stop_tokens import stop_token_ids
-    from dfp_shared.tokenizer_assets import load_tokenizer
     from dfp_trainer.evaluate.batched import ngram_decode_batch
     from dfp_trainer.evaluate.job import read_prompt_set
     from dfp_trainer.evaluate.tau import tau_figures
@@ -218,9 +218,9 @@ def greedy_outputs(model_dir: Path, prompt_file: Path, prompts: int, max_new_tok
 def replay_tau(model_dir: Path, drafter_dir: Path, greedy: Path, max_new_tokens: int) -> dict:
     """τ figures of the exported drafter by replay (:mod:`dfp_trainer.evaluate.replay`) on ``greedy.json``'s answers."""
     import torch
-    from dfp_shared.models import load_causal_lm
-    from dfp_shared.stop_tokens import stop_token_ids
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.loading import load_causal_lm
+    from dfp_shared.models.stop_tokens import stop_token_ids
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
     from dfp_trainer.drafter.load import load_exported
     from dfp_trainer.evaluate.replay import replay_decode, sequence_features
     from dfp_trainer.evaluate.tau import tau_figures

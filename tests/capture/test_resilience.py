@@ -12,7 +12,7 @@ import httpx
 import pytest
 from dfp_capture.assemble import EventReader, Unusable, admit, settle
 from dfp_capture.upstream import UpstreamError
-from dfp_shared.storage import LocalStore
+from dfp_shared.storage.store import LocalStore
 
 from .conftest import counter, records, wait_records
 from .test_passthrough import CHAT, OPT_IN, raw

@@ -11,7 +11,7 @@ from dfp_capture.assemble import admit
 from dfp_capture.proxy import wants_capture
 from dfp_capture.settings import CaptureSettings, parse_patterns
 from dfp_capture.writer import Capture, CaptureWriter, Redactor
-from dfp_shared.storage import LocalStore, ObjectStore, StorageError, open_store
+from dfp_shared.storage.store import LocalStore, ObjectStore, StorageError, open_store
 
 from .conftest import counter, records, wait_records
 from .test_passthrough import CHAT, OPT_IN, raw
@@ -140,7 +140,7 @@ def test_captures_go_to_s3_too(upstream, capture, s3_server, s3_bucket):
 
 def test_the_capture_prefix_must_lie_inside_the_storage_roots(tmp_path):
     from dfp_capture.service import capture_store
-    from dfp_shared.storage_uris import OutsideRoots
+    from dfp_shared.storage.uris import OutsideRoots
 
     with pytest.raises(OutsideRoots):
         capture_store(CaptureSettings(storage_url=f"file://{tmp_path}/root", allowed_prefixes="",

@@ -17,7 +17,7 @@ from dfp_dev.targets.stdlib_corpus import (
     train_prompts,
     write_prompt_set,
 )
-from dfp_shared.prompts import read_prompt_set
+from dfp_shared.records.prompts import read_prompt_set
 
 QUICK = lt.TrainSettings(steps=12, batch_tokens=1024, warmup_steps=3)
 

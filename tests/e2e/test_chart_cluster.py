@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 from dfp_dev.local.redis_server import free_port, wait_for_port
-from dfp_shared.job_types import TOKENIZE
-from dfp_shared.queue import GROUP, stream_name
-from dfp_shared.storage import open_store
-from dfp_shared.token_shards import load_dataset
+from dfp_shared.jobs.queue import GROUP, stream_name
+from dfp_shared.jobs.types import TOKENIZE
+from dfp_shared.records.token_shards import load_dataset
+from dfp_shared.storage.store import open_store
 from redis import Redis, ResponseError
 
 from tests.support.chart import render_objects

@@ -9,7 +9,7 @@ import json
 from dfp_dev.demo import run as demo_run
 from dfp_dev.demo.config import DemoConfig
 from dfp_dev.targets import learnable as lt
-from dfp_shared.prompts import read_prompt_set
+from dfp_shared.records.prompts import read_prompt_set
 
 QUICK = lt.TrainSettings(steps=4, batch_tokens=1024, warmup_steps=1)
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 from dfp_dev.serving.check import drafter_method, load_prompts
-from dfp_shared.stop_tokens import stop_token_ids
-from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_shared.models.stop_tokens import stop_token_ids
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_trainer.drafter.load import load_exported
 from dfp_trainer.drafter.target_parts import load_target_parts
 from dfp_trainer.evaluate.decode import chat_prompt_ids, speculative_decode
@@ -51,7 +51,7 @@ def pruned_dspark_drafter(tmp_path_factory, servable_target):  # noqa: F811
 def _recorded_blocks(target_dir: Path, drafter_dir: Path, prompts: int = 4):
     """The project's decoder on held-out prompts (thinking off), recording each block it drafted: the backbone's
     hidden states of its draft positions, its anchor, and what the drafter drafted there."""
-    from dfp_shared.models import load_causal_lm
+    from dfp_shared.models.loading import load_causal_lm
 
     parts = load_target_parts(target_dir)
     drafter = load_exported(drafter_dir, parts.embed_tokens, parts.lm_head).eval()

@@ -21,10 +21,10 @@ from dfp_dev.serving.check import ServeCheck, drafter_block_size, load_prompts, 
 from dfp_dev.serving.vllm_server import VllmServer, live_group_members
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
-from dfp_shared.jobs import JobState, JobStore
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import queue_job
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.storage import open_store
-from dfp_shared.submit import queue_job
+from dfp_shared.storage.store import open_store
 
 from tests.trainer.data_support import self_generated_samples, write_dataset
 from tests.trainer.train_support import ROOT, subprocess_env, tiny_spec, torch_threads

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
-from dfp_shared.job_types import GENERATE
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.submit import PLAN_KEY
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import PLAN_KEY
+from dfp_shared.jobs.types import GENERATE
 
 from .conftest import write_jsonl
 

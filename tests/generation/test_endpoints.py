@@ -12,10 +12,10 @@ import pytest
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
 from dfp_shared.config import ConfigError, load_settings
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.queue import TaskQueue
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import PLAN_KEY, queue_job
 from dfp_shared.specs.generate import GenerateSpec
-from dfp_shared.submit import PLAN_KEY, queue_job
 
 from .conftest import read_jsonl, write_jsonl
 from .openai_server import LoopbackOpenAI

@@ -10,9 +10,9 @@ from dfp_generation.engines.openai_engine import OpenAIEngine
 from dfp_generation.engines.transformers_engine import TransformersEngine
 from dfp_generation.plan import plan_shards
 from dfp_generation.shard import ShardRunner
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_shared.specs.generate import GenerateSpec
 from dfp_shared.specs.tokenize import TokenizeSpec
-from dfp_shared.tokenizer_assets import load_tokenizer
 
 from .conftest import read_jsonl, write_jsonl
 from .openai_server import LoopbackOpenAI

@@ -15,10 +15,10 @@ import httpx
 import pytest
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
-from dfp_shared.completions import read_manifest
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.storage import open_store
-from dfp_shared.submit import queue_job
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.records.completions import read_manifest
+from dfp_shared.storage.store import open_store
 
 from tests.support.servers import free_port
 

@@ -10,10 +10,10 @@ from dfp_generation.engines import GenResult
 from dfp_generation.live import ShardProgress
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
-from dfp_shared.job_types import GENERATE
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.submit import queue_job
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.jobs.types import GENERATE
 
 from .conftest import read_jsonl
 from .openai_server import LoopbackOpenAI

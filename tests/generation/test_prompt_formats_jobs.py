@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from dfp_generation.plan import plan_shards
-from dfp_shared.completions import read_manifest
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.prompts import Prompt, PromptError, iter_prompts
-from dfp_shared.storage import open_store
-from dfp_shared.submit import queue_job
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.records.completions import read_manifest
+from dfp_shared.records.prompts import Prompt, PromptError, iter_prompts
+from dfp_shared.storage.store import open_store
 
 from .conftest import write_jsonl
 from .test_jobs import collect, run_worker, settings_for

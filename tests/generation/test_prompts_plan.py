@@ -8,7 +8,7 @@ import pytest
 from dfp_generation.engines.base import derive_seed
 from dfp_generation.engines.openai_engine import parse_retry_after
 from dfp_generation.plan import plan_shards
-from dfp_shared.prompts import (
+from dfp_shared.records.prompts import (
     Prompt,
     PromptError,
     PromptFileError,
@@ -17,7 +17,7 @@ from dfp_shared.prompts import (
     resolve_prompt_set,
 )
 from dfp_shared.specs.generate import GenerateSpec
-from dfp_shared.storage import NotFound, open_store
+from dfp_shared.storage.store import NotFound, open_store
 
 from .conftest import write_jsonl
 
@@ -109,8 +109,8 @@ def test_a_shard_of_one_s3_prompt_file_under_a_key_prefix_root_is_admitted(s3_bu
     root is the file's folder, inside the spec's, so the worker admits them (it refused every one when the root
     was the bucket)."""
     from dfp_generation.tasks import GenerationHandler
-    from dfp_shared.queue import Task
-    from dfp_shared.storage_roots import StorageRoots
+    from dfp_shared.jobs.queue import Task
+    from dfp_shared.storage.roots import StorageRoots
 
     open_store(s3_bucket, endpoint_url=s3_server.endpoint_url).put("data/sets/p.jsonl", b'{"prompt": "hi"}\n')
     spec = GenerateSpec(prompts=f"{s3_bucket}/data/sets/p.jsonl", model=f"{s3_bucket}/data/m",

@@ -67,8 +67,8 @@ def test_runs_hardened_like_the_other_pods(enabled):
 
 
 def test_values_become_the_settings_the_run_reads(enabled, monkeypatch, tmp_path):
-    from dfp_cli.adapt import _stages
-    from dfp_cli.adapt_settings import AdaptSettings
+    from dfp_adapt.cli import _stages
+    from dfp_adapt.settings import AdaptSettings
 
     cron = _adapt(enabled, "CronJob")
     (c,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
@@ -126,7 +126,7 @@ def test_schema_rejects_bad_adapt_values(adapt, where):
 
 
 def test_default_settings_match_the_run_defaults(monkeypatch):
-    from dfp_cli.adapt_settings import AdaptSettings
+    from dfp_adapt.settings import AdaptSettings
 
     objects = render_objects({"adapt": {"enabled": True}})
     cron = _adapt(objects, "CronJob")
@@ -166,7 +166,7 @@ def test_the_loop_runs_with_a_key_of_its_own_that_is_not_admin(enabled):
 
 def test_the_loop_s_prefixes_are_kept_for_its_key_and_the_traffic_for_none(enabled, monkeypatch):
     from dfp_api.settings import ApiSettings
-    from dfp_shared.storage_roots import StorageRoots
+    from dfp_shared.storage.roots import StorageRoots
 
     config = next(o for o in enabled if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "dflash-config")
     assert json.loads(config["data"]["DFLASH_RESERVED_PREFIXES"]) == {
@@ -199,7 +199,7 @@ def test_a_principal_no_key_may_be_fails_the_render(values, reason):
 
 
 def test_the_capture_retention_is_bounded_as_the_runs_read_it():
-    from dfp_cli.adapt_settings import MAX_RETENTION_HOURS
+    from dfp_adapt.settings import MAX_RETENTION_HOURS
 
     with helm_python.Chart.load(str(CHART_DIR)) as chart, pytest.raises(helm_python.HelmError) as err:
         chart.validate_schema(chart.merge_values({"capture": {"retentionHours": MAX_RETENTION_HOURS + 1}}))
@@ -216,8 +216,8 @@ def test_the_notes_serve_the_drafter_through_the_pointer(tmp_path):
     import shlex
 
     from click.testing import CliRunner
+    from dfp_adapt.served_store import ServedDrafters
     from dfp_cli.main import cli
-    from dfp_shared.promotion import ServedDrafters
 
     from tests.shared.test_promotion import write_export
 

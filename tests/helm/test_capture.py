@@ -92,7 +92,7 @@ def test_default_settings_match_the_service_defaults(monkeypatch):
     """Enabled with only an upstream, every value the chart sets is the service's own default, and the
     default prefix (<storage.url>/capture) lies inside the storage roots, outside the jobs' area."""
     from dfp_capture.settings import CaptureSettings
-    from dfp_shared.storage_roots import StorageRoots
+    from dfp_shared.storage.roots import StorageRoots
 
     capture = next(w for w in workloads_from_objects(render_objects({"capture": {"enabled": True, "upstream": UPSTREAM}}))
                    if w["component"] == "capture")

@@ -27,7 +27,7 @@ GPU_COMPONENTS = {"generation", "target", "trainer"}
 # DFLASH_* variables read outside the service settings classes
 SHARED_VARS = {
     "DFLASH_REDIS_PASSWORD",  # only expanded into DFLASH_REDIS_URL by the kubelet
-    "DFLASH_CACHE_DIR",  # dfp_shared.tokenizer_assets.default_cache_dir
+    "DFLASH_CACHE_DIR",  # dfp_shared.models.tokenizer_assets.default_cache_dir
 }
 
 
@@ -361,7 +361,7 @@ def test_network_policies_admit_only_the_release(objects):
 
 
 def test_scaled_objects_read_the_workers_stream(objects):
-    from dfp_shared.queue import GROUP, stream_name
+    from dfp_shared.jobs.queue import GROUP, stream_name
 
     scaled = [o for o in objects if o["kind"] == "ScaledObject"]
     deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}

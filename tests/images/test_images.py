@@ -124,9 +124,9 @@ print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups
 def test_every_service_runs_from_the_image(tmp_path, s3_server, tiny_qwen3_dir, image, capsys):
     import torch
     from dfp_shared.hidden_states import TargetClient, forward_batch
-    from dfp_shared.models import load_causal_lm
-    from dfp_shared.storage import open_store
-    from dfp_shared.token_shards import load_dataset
+    from dfp_shared.models.loading import load_causal_lm
+    from dfp_shared.records.token_shards import load_dataset
+    from dfp_shared.storage.store import open_store
 
     endpoint = s3_server.endpoint_url
     put_inputs(endpoint, tiny_qwen3_dir, PROMPTS)

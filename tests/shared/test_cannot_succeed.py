@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from dfp_shared.job_types import TOKENIZE
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.submit import queue_job
-from dfp_shared.worker import Worker
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.jobs.types import TOKENIZE
+from dfp_shared.jobs.worker import Worker
 
 
 def _pickled_only_model(root):
@@ -20,7 +20,7 @@ def _pickled_only_model(root):
 
 
 def test_a_model_with_only_pickled_weights_fails_its_job_at_once(redis_client, tmp_path):
-    from dfp_shared.models import load_causal_lm
+    from dfp_shared.models.loading import load_causal_lm
 
     model = _pickled_only_model(tmp_path / "model")
     job, _ = queue_job(redis_client, "tokenize", {"input": str(tmp_path), "output": str(tmp_path / "out"),

@@ -7,10 +7,10 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from dfp_shared.capture_source import SourceError, prepare_source, window, window_hours
-from dfp_shared.completions import completion_record, encode_records
-from dfp_shared.prompts import read_prompt_set
-from dfp_shared.storage import open_store
+from dfp_adapt.source import SourceError, prepare_source, window, window_hours
+from dfp_shared.records.completions import completion_record, encode_records
+from dfp_shared.records.prompts import read_prompt_set
+from dfp_shared.storage.store import open_store
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)
 
@@ -85,7 +85,7 @@ def test_the_source_reads_s3(s3_server, s3_bucket):
 def test_records_a_shard_gains_while_it_is_read_are_neither_trained_on_nor_counted(tmp_path, monkeypatch):
     """The capture appends to the current hour's shard while the source reads it: a record written between the
     index and the copy is neither trained on nor counted, so every count describes one set of records."""
-    import dfp_shared.capture_source as capture_source
+    import dfp_adapt.source as capture_source
 
     written = write_capture(f"file://{tmp_path}/capture")
     store = open_store(f"file://{tmp_path}/capture")
@@ -136,7 +136,7 @@ def test_a_window_of_long_records_is_read_and_written_in_bounded_memory(tmp_path
     about one record, not a shard or a file of them; the over-long line is counted and the rest kept."""
     import tracemalloc
 
-    import dfp_shared.capture_source as capture_source
+    import dfp_adapt.source as capture_source
 
     monkeypatch.setattr(capture_source, "MAX_LINE_BYTES", 1 << 20)
     monkeypatch.setattr(capture_source, "MAX_FILE_BYTES", 2 << 20)

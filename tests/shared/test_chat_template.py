@@ -37,7 +37,7 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module")
 def tokenizer(qwen3_tokenizer_dir):
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
 
     return load_tokenizer(qwen3_tokenizer_dir)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from dfp_shared.completions import (
+from dfp_shared.records.completions import (
     FORMAT,
     MANIFEST,
     ManifestError,
@@ -18,7 +18,7 @@ from dfp_shared.completions import (
     shard_entry,
     write_manifest,
 )
-from dfp_shared.storage import LocalStore, NotFound
+from dfp_shared.storage.store import LocalStore, NotFound
 from dfp_tokenizer.records import parse_line
 
 PROMPT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}]

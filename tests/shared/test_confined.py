@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from dfp_shared.confined import ConfinedError, LimitExceeded, Limits, run_confined
+from dfp_shared.models.confined import ConfinedError, LimitExceeded, Limits, run_confined
 
 from tests.support.hostile_files import write_endless_array_gguf
 

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from dfp_shared.gguf_import import GGUFError, check_gguf, import_gguf
-from dfp_shared.models import load_causal_lm
-from dfp_shared.ownership import OutputOwned
-from dfp_shared.storage import open_store
-from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.storage_uris import OutsideRoots
+from dfp_shared.models.gguf_import import GGUFError, check_gguf, import_gguf
+from dfp_shared.models.loading import load_causal_lm
+from dfp_shared.storage.ownership import OutputOwned
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import open_store
+from dfp_shared.storage.uris import OutsideRoots
 
 from tests.support.gguf_file import write_tiny_llama_gguf
 

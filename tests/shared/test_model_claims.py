@@ -7,8 +7,8 @@ import json
 import shutil
 
 import pytest
-from dfp_shared.failures import ModelRefused
-from dfp_shared.models import check_sized_by_weights, load_causal_lm
+from dfp_shared.jobs.failures import ModelRefused
+from dfp_shared.models.loading import check_sized_by_weights, load_causal_lm
 
 
 def _claiming(src, tmp_path, name, **changes):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from dfp_shared.jobs import JobStore
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job, validate_spec
 from dfp_shared.specs import PipelineSpec
-from dfp_shared.storage_roots import OutsideRoots, StorageRoots
-from dfp_shared.submit import queue_job, validate_spec
+from dfp_shared.storage.roots import OutsideRoots, StorageRoots
 
 
 def _spec(tmp_path, **tokenize) -> dict:

@@ -9,9 +9,9 @@ import math
 import os
 
 import pytest
-from dfp_shared.promotion import PromotionError, ServedDrafters, check_name
-from dfp_shared.promotion_rule import decide, paired
-from dfp_shared.storage import open_store
+from dfp_adapt.rule import decide, paired
+from dfp_adapt.served_store import PromotionError, ServedDrafters, check_name
+from dfp_shared.storage.store import open_store
 
 
 def write_export(store_uri: str, seed: int, endpoint_url: str | None = None, extra: bool = False) -> dict[str, bytes]:
@@ -178,7 +178,7 @@ def test_a_hostile_history_is_refused_with_its_reason(tmp_path, body, reason):
 
 
 def test_a_long_history_drops_its_oldest_events_and_stays_readable(tmp_path, monkeypatch):
-    from dfp_shared import promotion
+    from dfp_adapt import served_store as promotion
 
     monkeypatch.setattr(promotion, "MAX_HISTORY_BYTES", 64 << 10)
     served = ServedDrafters(f"file://{tmp_path}/served", "d", None)
@@ -194,7 +194,7 @@ def test_a_long_history_drops_its_oldest_events_and_stays_readable(tmp_path, mon
 def test_a_rollback_while_a_promotion_copies_is_refused_and_nothing_is_lost(tmp_path, monkeypatch):
     """A scheduled run's promotion and an operator's rollback at once: the second waits its turn (refused, naming
     the change in progress), instead of both moving the served pointer and rewriting the history from what each read first."""
-    import dfp_shared.promotion as promotion
+    import dfp_adapt.served_store as promotion
 
     served = ServedDrafters(f"file://{tmp_path}/served", "d")
     for seed in (1, 2):
@@ -222,7 +222,7 @@ def test_a_rollback_while_a_promotion_copies_is_refused_and_nothing_is_lost(tmp_
 
 
 def test_a_change_that_died_midway_holds_the_store_only_until_its_lock_expires(tmp_path, monkeypatch):
-    import dfp_shared.promotion as promotion
+    import dfp_adapt.served_store as promotion
 
     served = ServedDrafters(f"file://{tmp_path}/served", "d")
     write_export(f"file://{tmp_path}/c1", 1)
@@ -240,7 +240,7 @@ def test_a_change_that_died_midway_holds_the_store_only_until_its_lock_expires(t
 
 @pytest.mark.parametrize("since", ["1e18", "Infinity", "4102444800.0"])
 def test_a_lock_dated_impossibly_is_taken_over_at_once(tmp_path, since):
-    import dfp_shared.promotion as promotion
+    import dfp_adapt.served_store as promotion
 
     served = ServedDrafters(f"file://{tmp_path}/served", "d")
     served.store.put(promotion.LOCK, f'{{"action": "promotion", "host": "h", "pid": 1, "since": {since}}}'.encode())
@@ -249,7 +249,7 @@ def test_a_lock_dated_impossibly_is_taken_over_at_once(tmp_path, since):
 
 
 def test_of_two_that_find_one_stale_lock_only_one_takes_it_and_a_late_holder_leaves_the_new_lock(tmp_path):
-    import dfp_shared.promotion as promotion
+    import dfp_adapt.served_store as promotion
 
     a, b, c = (ServedDrafters(f"file://{tmp_path}/served", "d") for _ in range(3))
     stale = json.dumps({"action": "promotion", "host": "gone", "pid": 1, "since": 0.0}).encode()

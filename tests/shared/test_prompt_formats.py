@@ -8,7 +8,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dfp_shared.prompts import (
+from dfp_shared.records.prompts import (
     Prompt,
     PromptError,
     iter_prompts,
@@ -16,7 +16,7 @@ from dfp_shared.prompts import (
     read_prompt_set,
     resolve_prompt_set,
 )
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 
 
 def sharegpt(i: int) -> dict:

@@ -8,10 +8,10 @@ import sys
 import time
 
 import pytest
-from dfp_shared.jobs import IllegalTransition, JobState, JobStore
-from dfp_shared.queue import WORKER_DIED, TaskQueue
-from dfp_shared.redis_conn import connect
-from dfp_shared.worker import TaskReleased, Worker
+from dfp_shared.jobs.queue import WORKER_DIED, TaskQueue
+from dfp_shared.jobs.redis_conn import connect
+from dfp_shared.jobs.store import IllegalTransition, JobState, JobStore
+from dfp_shared.jobs.worker import TaskReleased, Worker
 
 from tests.support.cli import cli_env
 

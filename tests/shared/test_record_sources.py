@@ -25,7 +25,7 @@ from dfp_shared.record_sources import (
     select_inputs,
 )
 from dfp_shared.record_sources.json_array import iter_array
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 
 
 def conv(i: int) -> dict:

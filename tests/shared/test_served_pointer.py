@@ -9,8 +9,8 @@ import json
 import os
 
 import pytest
-from dfp_shared.promotion import POINTER, PromotionError, ServedDrafters
-from dfp_shared.storage import open_store
+from dfp_adapt.served_store import POINTER, PromotionError, ServedDrafters
+from dfp_shared.storage.store import open_store
 
 
 @pytest.fixture(params=["local", "s3"])

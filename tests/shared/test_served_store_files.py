@@ -8,9 +8,9 @@ import hashlib
 import json
 import logging
 
-import dfp_shared.promotion as promotion
+import dfp_adapt.served_store as promotion
 import pytest
-from dfp_shared.promotion import LOCK, LOCKS, PromotionError, ServedDrafters
+from dfp_adapt.served_store import LOCK, LOCKS, PromotionError, ServedDrafters
 
 from tests.shared.test_promotion import write_export
 
@@ -101,7 +101,7 @@ def test_version_folders_that_are_no_ascii_number_are_skipped_with_a_warning(tmp
     served = served_with(tmp_path)
     served.store.put(f"versions/{folder}/config.json", b"{}")
     served.store.put("versions/4/config.json", b"{}")  # a promotion that died midway: a number, never served
-    with caplog.at_level(logging.WARNING, logger="dfp_shared.promotion"):
+    with caplog.at_level(logging.WARNING, logger="dfp_adapt.served_store"):
         assert served.promote(f"file://{tmp_path}/c1/", {})["version"] == 5
     assert any("no version number" in r.getMessage() for r in caplog.records)
     assert served.current().version == 5

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dfp_shared.stop_tokens import stop_token_ids
+from dfp_shared.models.stop_tokens import stop_token_ids
 
 
 def _tokenizer(eos, vocab):

@@ -7,7 +7,7 @@ import logging
 import os
 
 import pytest
-from dfp_shared.storage import (
+from dfp_shared.storage.store import (
     CLIENT_RETRIES,
     LocalStore,
     NotFound,
@@ -16,7 +16,7 @@ from dfp_shared.storage import (
     open_store,
     split_uri,
 )
-from dfp_shared.storage_uris import canonical_uri
+from dfp_shared.storage.uris import canonical_uri
 
 MiB = 1024 * 1024
 
@@ -225,7 +225,7 @@ def test_transient_errors_are_retried_until_the_call_succeeds(s3_server, s3_buck
     store = open_store(s3_bucket, endpoint_url=s3_server.endpoint_url)
     store.put("k.bin", b"payload")
     faults = _Faults(store, fault, times)
-    with caplog.at_level(logging.WARNING, logger="dfp_shared.storage"):
+    with caplog.at_level(logging.WARNING, logger="dfp_shared.storage.retry"):
         assert store.get("k.bin") == b"payload"
     assert faults.seen == times + 1
     # past the client's own retries, the store's loop takes over
@@ -295,7 +295,7 @@ def test_the_store_s_retry_loop(monkeypatch, caplog):
     import time
 
     from botocore.exceptions import ClientError, EndpointConnectionError
-    from dfp_shared import storage
+    from dfp_shared.storage import retry as storage
 
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
@@ -315,7 +315,7 @@ def test_the_store_s_retry_loop(monkeypatch, caplog):
                         "ResponseMetadata": {"HTTPStatusCode": 503}}, "GetObject")
     down = EndpointConnectionError(endpoint_url="http://s3.test")
     fn, calls = failing(slow, down)
-    with caplog.at_level(logging.WARNING, logger="dfp_shared.storage"):
+    with caplog.at_level(logging.WARNING, logger="dfp_shared.storage.retry"):
         assert storage._retry(fn, "s3://b/k", attempts=5) == "done"
     assert len(calls) == 3 and slept == [0.25, 0.5]
     logged = [(r.attempt, r.delay_s, r.reason) for r in caplog.records if r.msg == "transient storage error, retrying"]

@@ -6,10 +6,10 @@ import json
 import os
 
 import pytest
-from dfp_shared.ownership import MARKER, OutputClaims, OutputOwned
-from dfp_shared.storage import AccessRefused, LocalStore, open_store, split_uri
-from dfp_shared.storage_roots import OutsideRoots, StorageRoots
-from dfp_shared.storage_uris import canonical_uri
+from dfp_shared.storage.ownership import MARKER, OutputClaims, OutputOwned
+from dfp_shared.storage.roots import OutsideRoots, StorageRoots
+from dfp_shared.storage.store import AccessRefused, LocalStore, open_store, split_uri
+from dfp_shared.storage.uris import canonical_uri
 
 
 @pytest.mark.parametrize("bad", [
@@ -133,7 +133,7 @@ def test_the_per_job_area_and_every_root_are_unclaimable(tmp_path):
     claims.claim(roots.job_prefix("j-alice"), "alice", "j-alice")  # a job's own per-job prefix
     claims.claim(roots.job_prefix("p1", "train"), "alice", "j-stage", parent_id="p1")  # a pipeline stage's
     with pytest.raises(OutsideRoots, match="reserved"):
-        from dfp_shared.submit import with_default_outputs
+        from dfp_shared.jobs.submit import with_default_outputs
 
         with_default_outputs("tokenize", {"output": f"file://{tmp_path}/data/jobs/"}, roots, "j")
 
@@ -156,8 +156,8 @@ def test_a_symlink_inside_the_root_does_not_dodge_the_owner_walk(tmp_path):
 
 
 def test_model_and_tokenizer_directories_with_links_out_are_not_read(tmp_path):
-    from dfp_shared.models import local_model_dir
-    from dfp_shared.storage import local_dir_confined
+    from dfp_shared.models.loading import local_model_dir
+    from dfp_shared.storage.store import local_dir_confined
 
     (tmp_path / "outside.txt").write_text("TOP SECRET")
     (tmp_path / "tok").mkdir()

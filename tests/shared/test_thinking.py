@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dfp_shared.thinking import split_inline_reasoning, split_thinking
+from dfp_shared.records.thinking import split_inline_reasoning, split_thinking
 
 
 @pytest.mark.parametrize("text, expected", [

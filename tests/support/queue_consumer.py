@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from dfp_shared.job_flow import finish_job
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.redis_conn import connect
-from dfp_shared.worker import Worker
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.redis_conn import connect
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.worker import Worker
 
 
 def main() -> None:

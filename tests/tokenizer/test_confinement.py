@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 
-from dfp_shared.job_types import TOKENIZE
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.storage import open_store
-from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.submit import PLAN_KEY, queue_job
-from dfp_shared.worker import Worker
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import PLAN_KEY, queue_job
+from dfp_shared.jobs.types import TOKENIZE
+from dfp_shared.jobs.worker import Worker
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import open_store
 from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler
 
 from .corpus import jsonl, records

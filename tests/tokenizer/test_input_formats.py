@@ -9,10 +9,10 @@ from dataclasses import replace
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dfp_shared.jobs import JobStore
-from dfp_shared.storage import open_store
-from dfp_shared.submit import queue_job
-from dfp_shared.token_shards import load_dataset
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.records.token_shards import load_dataset
+from dfp_shared.storage.store import open_store
 from dfp_tokenizer.encoder import SampleEncoder
 from dfp_tokenizer.files import tokenize_input
 

@@ -9,13 +9,13 @@ import subprocess
 import sys
 import textwrap
 
-from dfp_shared.job_types import TOKENIZE
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import TaskQueue
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.jobs.types import TOKENIZE
+from dfp_shared.jobs.worker import Worker
+from dfp_shared.records.token_shards import load_dataset
 from dfp_shared.specs.tokenize import TokenizeSpec
-from dfp_shared.submit import queue_job
-from dfp_shared.token_shards import load_dataset
-from dfp_shared.worker import Worker
 from dfp_tokenizer.encoder import SampleEncoder
 from dfp_tokenizer.files import shard_name, tokenize_file
 from dfp_tokenizer.limits import EncodeLimits
@@ -94,7 +94,7 @@ def test_a_failing_batch_falls_back_to_one_record_at_a_time(qwen3_tokenizer):
 MEASURE = textwrap.dedent("""
     import gzip, json, resource, sys
     from dfp_shared.specs.tokenize import TokenizeSpec
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
     from dfp_tokenizer.encoder import SampleEncoder
     from dfp_tokenizer.files import tokenize_file
     from dfp_tokenizer.limits import EncodeLimits

@@ -5,13 +5,13 @@ from __future__ import annotations
 import gzip
 import json
 
-from dfp_shared.job_types import TOKENIZE
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.storage import open_store
-from dfp_shared.submit import queue_job
-from dfp_shared.token_shards import load_dataset
-from dfp_shared.worker import Worker
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.jobs.types import TOKENIZE
+from dfp_shared.jobs.worker import Worker
+from dfp_shared.records.token_shards import load_dataset
+from dfp_shared.storage.store import open_store
 from dfp_tokenizer.files import shard_name
 from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler, TokenizeWorker
 

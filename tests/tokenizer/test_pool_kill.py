@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import GROUP, stream_name
-from dfp_shared.storage import open_store
-from dfp_shared.submit import queue_job
-from dfp_shared.token_shards import load_dataset
-from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_shared.jobs.queue import GROUP, stream_name
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.models.tokenizer_assets import load_tokenizer
+from dfp_shared.records.token_shards import load_dataset
+from dfp_shared.storage.store import open_store
 
 from tests.support.cli import cli_cmd, cli_env
 

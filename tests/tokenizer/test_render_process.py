@@ -16,9 +16,9 @@ import threading
 import time
 
 import pytest
-from dfp_shared.jobs import JobStore
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
 from dfp_shared.specs.tokenize import TokenizeSpec
-from dfp_shared.submit import queue_job
 from dfp_tokenizer.encoder import SampleEncoder
 from dfp_tokenizer.files import tokenize_file
 from dfp_tokenizer.limits import EncodeLimits

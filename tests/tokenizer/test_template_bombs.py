@@ -11,12 +11,12 @@ import sys
 import textwrap
 
 import pytest
-from dfp_shared.job_types import TOKENIZE
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import TaskQueue
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.jobs.types import TOKENIZE
+from dfp_shared.jobs.worker import Worker
 from dfp_shared.specs.tokenize import TokenizeSpec
-from dfp_shared.submit import queue_job
-from dfp_shared.worker import Worker
 from dfp_tokenizer.encoder import SampleEncoder
 from dfp_tokenizer.limits import EncodeLimits, TemplateUnavailable
 from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler
@@ -116,7 +116,7 @@ def bomb_record(i: int) -> dict:
 MEASURE = textwrap.dedent("""
     import json, resource, sys
     from dfp_shared.specs.tokenize import TokenizeSpec
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
     from dfp_tokenizer.encoder import SampleEncoder
     from dfp_tokenizer.files import tokenize_file
     from dfp_tokenizer.limits import EncodeLimits

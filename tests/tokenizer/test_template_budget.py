@@ -11,11 +11,11 @@ import threading
 import time
 
 import pytest
-from dfp_shared.job_types import TOKENIZE
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import GROUP, TaskQueue, stream_name
-from dfp_shared.submit import queue_job
-from dfp_shared.worker import Worker
+from dfp_shared.jobs.queue import GROUP, TaskQueue, stream_name
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.jobs.types import TOKENIZE
+from dfp_shared.jobs.worker import Worker
 from dfp_tokenizer.limits import EncodeLimits
 from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler
 

@@ -7,9 +7,13 @@ import json
 from pathlib import Path
 
 import torch
-from dfp_shared.storage import open_store
-from dfp_shared.token_shards import build_manifest, encode_shard, shard_entry
-from dfp_shared.tokenizer_assets import chat_template_fingerprint, load_tokenizer, tokenizer_fingerprint
+from dfp_shared.models.tokenizer_assets import (
+    chat_template_fingerprint,
+    load_tokenizer,
+    tokenizer_fingerprint,
+)
+from dfp_shared.records.token_shards import build_manifest, encode_shard, shard_entry
+from dfp_shared.storage.store import open_store
 
 TOPICS = ["rivers", "prime numbers", "bread", "comets", "chess", "volcanoes", "owls", "bridges", "tea", "glaciers",
           "robots", "maps", "violins", "deserts", "coral", "clocks"]
@@ -21,7 +25,7 @@ def self_generated_samples(model_dir: Path, num: int = 32, new_tokens: int = 48,
     All prompts are sampled together, one decoder pass per new token over the left-padded batch, with
     the LM head applied to the last position only (cheap even with Qwen3's 151k vocabulary).
     """
-    from dfp_shared.models import load_causal_lm
+    from dfp_shared.models.loading import load_causal_lm
 
     tok = load_tokenizer(model_dir)
     model = load_causal_lm(str(model_dir), device="cpu")

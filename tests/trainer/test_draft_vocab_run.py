@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.storage import open_store
-from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_shared.storage.store import open_store
 from dfp_trainer.components.data.draft_vocab import required_token_ids
 from dfp_trainer.drafter.load import load_exported
 from dfp_trainer.drafter.target_parts import load_target_parts

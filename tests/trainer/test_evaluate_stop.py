@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.storage import open_store
-from dfp_shared.submit import queue_job
-from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.models.tokenizer_assets import load_tokenizer
+from dfp_shared.storage.store import open_store
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.model import DFlashDrafter
 from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 from dfp_trainer.drafter.families.dflash2.model import DFlash2Drafter
 from dfp_trainer.drafter.families.dspark.model import DSparkDrafter
 from dfp_trainer.drafter.load import load_exported

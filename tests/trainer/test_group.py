@@ -15,9 +15,9 @@ import time
 
 import pytest
 import torch
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.storage import open_store
-from dfp_shared.submit import queue_job
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.storage.store import open_store
 from redis import Redis
 
 from tests.support.chart import render_objects

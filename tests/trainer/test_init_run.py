@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.drafter.load import load_exported
 from dfp_trainer.drafter.target_parts import load_target_parts

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.tokenizer_assets import load_tokenizer
 from dfp_trainer import run
 from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.drafter.config import DrafterConfig

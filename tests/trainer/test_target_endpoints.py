@@ -12,11 +12,11 @@ import threading
 
 import pytest
 from dfp_shared.config import ConfigError, load_settings
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.queue import TaskQueue
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import PLAN_KEY, queue_job
+from dfp_shared.jobs.worker import Worker
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.submit import PLAN_KEY, queue_job
-from dfp_shared.worker import Worker
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler, child_env
 

@@ -11,15 +11,15 @@ import pytest
 import torch
 from dfp_shared.hidden_states import CacheError, HiddenStateCache
 from dfp_shared.hidden_states.cache import MAX_HEADER_BYTES
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.models import model_fingerprint
-from dfp_shared.ownership import OutputClaims
-from dfp_shared.queue import TaskQueue
-from dfp_shared.storage import open_store
-from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.submit import queue_job
-from dfp_shared.token_shards import DatasetError, encode_shard, load_dataset
-from dfp_shared.worker import Worker
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.jobs.worker import Worker
+from dfp_shared.models.loading import model_fingerprint
+from dfp_shared.records.token_shards import DatasetError, encode_shard, load_dataset
+from dfp_shared.storage.ownership import OutputClaims
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import open_store
 from dfp_trainer.components.data.hidden_cache import run_key
 from dfp_trainer.settings import TrainerSettings
 from dfp_trainer.worker import TrainHandler
@@ -116,7 +116,7 @@ def test_a_token_shard_whose_sample_boundaries_go_back_fails_the_cache_job_namin
 
 
 def test_a_manifest_too_large_or_of_the_wrong_shape_is_refused_naming_it(tmp_path, tiny_qwen3_dir, monkeypatch):
-    import dfp_shared.token_shards as token_shards
+    import dfp_shared.records.token_shards as token_shards
 
     uri = write_dataset(f"file://{tmp_path}/tokens", [[1, 2, 3]], [[1, 1, 1]], tiny_qwen3_dir, shards=1)
     store = open_store(uri)

@@ -11,10 +11,10 @@ import signal
 import subprocess
 import time
 
-from dfp_shared.jobs import JobState, JobStore
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import queue_job
 from dfp_shared.printable import printable
-from dfp_shared.queue import TaskQueue
-from dfp_shared.submit import queue_job
 
 from tests.support.gguf_file import write_tiny_llama_gguf
 from tests.support.hostile_files import write_endless_array_gguf, write_twin_tensor_gguf
@@ -128,7 +128,7 @@ def _confined_child_of(parent: int, timeout: float) -> int:
                 cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"dfp_shared.confined" in cmdline:
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"dfp_shared.models.confined" in cmdline:
                 return int(pid)
         time.sleep(0.1)
     raise AssertionError("no confined child started")

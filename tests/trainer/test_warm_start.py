@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.storage import open_store
-from dfp_shared.storage_roots import OutsideRoots, StorageRoots
+from dfp_shared.storage.roots import OutsideRoots, StorageRoots
+from dfp_shared.storage.store import open_store
 from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.export.zlab import export_drafter
 from dfp_trainer.loop.prepare import TrainError, prepare

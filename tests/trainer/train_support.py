@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 from dfp_trainer.run_config import RunConfig
 from dfp_trainer.settings import TrainerSettings
 from safetensors.torch import load as st_load

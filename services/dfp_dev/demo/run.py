@@ -158,8 +158,8 @@ def wait_ready(group: ProcessGroup, api_url: str, target_port: int, timeout: flo
 
 def run_demo(cfg: DemoConfig) -> int:
     """Run the pipeline end to end; returns the process exit code."""
-    from dfp_cli.api_client import Api
     from dfp_cli.client_view import stage_records, watch_job
+    from dfp_shared.api_client import Api
 
     out = cfg.out_dir.resolve()
     if cfg.fresh and out.exists():

@@ -101,8 +101,8 @@ def load_prompts(prompts: str | None, limit: int, target: Path | None = None) ->
     """Messages and ids of the prompts: a JSONL prompt set, or by default the demo's held-out prompts: the
     learnable target's held-out split (beside its weights), else those of the built-in set that
     ``dflash-pipeline demo`` does not train on a random target with."""
-    from dfp_shared.prompts import read_prompt_set
-    from dfp_shared.storage import StorageError
+    from dfp_shared.records.prompts import read_prompt_set
+    from dfp_shared.storage.store import StorageError
 
     skip = 0
     if prompts is None and target is not None and (target / "prompts" / "held-out.jsonl").is_file():

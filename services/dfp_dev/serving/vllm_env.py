@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from dfp_shared.tokenizer_assets import default_cache_dir
+from dfp_shared.models.tokenizer_assets import default_cache_dir
 
 from .. import cached_env
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from dfp_shared.chat_template import render_chat
-from dfp_shared.tokenizer_assets import MASK_TOKEN, load_tokenizer
+from dfp_shared.models.tokenizer_assets import MASK_TOKEN, load_tokenizer
 
 from .stdlib_corpus import FunctionRecord, prompt_records, sample_prompts, stdlib_functions, write_prompt_set
 
@@ -290,7 +290,7 @@ def train(lm: FoldedVocabLM, batches, settings: TrainSettings, log_every: int = 
 
 def default_root() -> Path:
     """Where built targets are cached on this machine (shared by the demo, the benchmark and the CLI)."""
-    from dfp_shared.tokenizer_assets import default_cache_dir
+    from dfp_shared.models.tokenizer_assets import default_cache_dir
 
     return Path(default_cache_dir()) / "targets"
 
@@ -370,7 +370,7 @@ def build_learnable_target(out_root: str | os.PathLike, tokenizer_dir: str | os.
 
 def greedy_samples(model_dir: str | os.PathLike, prompts: list[dict], max_new_tokens: int = 256) -> list[str]:
     """The target's greedy completions (special tokens kept) of prompt records, thinking-mode prompts."""
-    from dfp_shared.models import load_causal_lm
+    from dfp_shared.models.loading import load_causal_lm
 
     tok = load_tokenizer(model_dir)
     model = load_causal_lm(str(model_dir), device="cpu")  # safetensors only, no remote code
@@ -398,7 +398,7 @@ def _build_target_command():
         """Build (or find in the cache) the learnable Qwen3 target; print its directory."""
         from dataclasses import replace
 
-        from dfp_shared.prompts import read_prompt_set
+        from dfp_shared.records.prompts import read_prompt_set
 
         from .qwen3_tokenizer import qwen3_tokenizer_dir
 

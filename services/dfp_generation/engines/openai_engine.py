@@ -21,7 +21,7 @@ from collections import deque
 from typing import NamedTuple
 
 import httpx
-from dfp_shared.thinking import split_thinking
+from dfp_shared.records.thinking import split_thinking
 from prometheus_client import Counter
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_after_attempt
 

@@ -12,8 +12,8 @@ import logging
 
 import torch
 from dfp_shared.chat_template import render_chat
-from dfp_shared.stop_tokens import stop_token_ids
-from dfp_shared.thinking import split_thinking
+from dfp_shared.models.stop_tokens import stop_token_ids
+from dfp_shared.records.thinking import split_thinking
 
 from .base import Engine, GenRequest, GenResult, ResultCallback, SamplingParams, StopCheck
 
@@ -25,8 +25,8 @@ class TransformersEngine(Engine):
 
     def __init__(self, model_uri: str, *, device: str | None = None, dtype: str | None = None, batch_size: int = 8,
                  endpoint_url: str | None = None, model_name: str | None = None):
-        from dfp_shared.models import load_causal_lm, local_model_dir, text_config
-        from dfp_shared.tokenizer_assets import load_tokenizer
+        from dfp_shared.models.loading import load_causal_lm, local_model_dir, text_config
+        from dfp_shared.models.tokenizer_assets import load_tokenizer
 
         path = local_model_dir(model_uri, endpoint_url=endpoint_url)
         self.tokenizer = load_tokenizer(path)

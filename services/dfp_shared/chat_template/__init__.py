@@ -5,8 +5,8 @@
 * :mod:`.budget`: the watchdog that stops a render past its time or memory budget.
 """
 
-from .budget import BudgetExceeded, run_within
-from .render import (
+from dfp_shared.chat_template.budget import BudgetExceeded, run_within
+from dfp_shared.chat_template.render import (
     DEFAULT_MAX_CHARS,
     RenderBudget,
     TemplateOverBudget,

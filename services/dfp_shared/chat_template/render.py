@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from .budget import BudgetExceeded, run_within
-from .sandbox import sized_copy
+from dfp_shared.chat_template.budget import BudgetExceeded, run_within
+from dfp_shared.chat_template.sandbox import sized_copy
 
 DEFAULT_MAX_CHARS = 16 * 2**20
 """The longest text (and single operation's result) a render may make, by default."""

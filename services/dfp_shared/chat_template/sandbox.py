@@ -24,7 +24,7 @@ from jinja2.sandbox import SandboxedEscapeFormatter, SandboxedFormatter
 from jinja2.utils import Namespace, pass_context
 from markupsafe import Markup
 
-from .budget import BudgetExceeded
+from dfp_shared.chat_template.budget import BudgetExceeded
 
 MAX_INT_BITS = 10_000
 """The largest integer ``*`` or ``**`` may make (about 3,000 digits)."""

@@ -5,10 +5,17 @@ target or a client of the target service); the target service runs :func:`forwar
 the same wire. Tests may import the submodules; services import from here.
 """
 
-from .cache import CacheError, CacheKey, CacheMismatch, HiddenStateCache, dataset_checksum, estimate_bytes
-from .cached_source import CachedSource, fill_shards
-from .client import TargetClient, open_hidden_state_source
-from .contract import (
+from dfp_shared.hidden_states.cache import (
+    CacheError,
+    CacheKey,
+    CacheMismatch,
+    HiddenStateCache,
+    dataset_checksum,
+    estimate_bytes,
+)
+from dfp_shared.hidden_states.cached_source import CachedSource, fill_shards
+from dfp_shared.hidden_states.client import TargetClient, open_hidden_state_source
+from dfp_shared.hidden_states.contract import (
     HiddenStateSource,
     InvalidInput,
     ModelInfo,
@@ -16,14 +23,27 @@ from .contract import (
     resolve_layers,
     validate_sequences,
 )
-from .forward import forward_batch
-from .local import InProcessTarget
-from .model_info import build_model_info, channel_options, info_from_message, info_to_message, server_options
-from .packing import pad_batch, padded_batches, plan_batches, plan_requests
-from .shm_transport import HEADER_BYTES as SHM_HEADER_BYTES
-from .shm_transport import PrivateDir, SegmentCache, ShmError
-from .tensor_codec import CodecError, dtype_name, to_dtype
-from .wire import HIDDEN_STATES, MODEL_INFO, SERVICE, encode_chunk, tensor_chunks, unpack_tokens
+from dfp_shared.hidden_states.forward import forward_batch
+from dfp_shared.hidden_states.local import InProcessTarget
+from dfp_shared.hidden_states.model_info import (
+    build_model_info,
+    channel_options,
+    info_from_message,
+    info_to_message,
+    server_options,
+)
+from dfp_shared.hidden_states.packing import pad_batch, padded_batches, plan_batches, plan_requests
+from dfp_shared.hidden_states.shm_transport import HEADER_BYTES as SHM_HEADER_BYTES
+from dfp_shared.hidden_states.shm_transport import PrivateDir, SegmentCache, ShmError
+from dfp_shared.hidden_states.tensor_codec import CodecError, dtype_name, to_dtype
+from dfp_shared.hidden_states.wire import (
+    HIDDEN_STATES,
+    MODEL_INFO,
+    SERVICE,
+    encode_chunk,
+    tensor_chunks,
+    unpack_tokens,
+)
 
 __all__ = [
     # the contract and its sources

@@ -36,11 +36,11 @@ from pathlib import PurePosixPath
 import torch
 from safetensors.torch import save as st_save
 
-from ..storage import NotFound, ObjectStore, open_store
-from ..token_shards import TokenDataset, read_at_most
-from ..token_shards import _canonical as canonical_safetensors
-from .contract import ModelInfo
-from .tensor_codec import to_dtype
+from dfp_shared.hidden_states.contract import ModelInfo
+from dfp_shared.hidden_states.tensor_codec import to_dtype
+from dfp_shared.records.token_shards import TokenDataset, read_at_most
+from dfp_shared.records.token_shards import _canonical as canonical_safetensors
+from dfp_shared.storage.store import NotFound, ObjectStore, open_store
 
 FORMAT = "dflash-hidden-states/1"
 INDEX = "cache.json"

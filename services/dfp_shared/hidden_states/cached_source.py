@@ -19,10 +19,10 @@ from collections.abc import Callable
 
 import torch
 
-from ..token_shards import TokenDataset
-from .cache import CacheError, HiddenStateCache, ShardPlan
-from .contract import ModelInfo, SourceUnavailable
-from .tensor_codec import to_dtype
+from dfp_shared.hidden_states.cache import CacheError, HiddenStateCache, ShardPlan
+from dfp_shared.hidden_states.contract import ModelInfo, SourceUnavailable
+from dfp_shared.hidden_states.tensor_codec import to_dtype
+from dfp_shared.records.token_shards import TokenDataset
 
 log = logging.getLogger(__name__)
 

@@ -26,12 +26,18 @@ import uuid
 import grpc
 import torch
 
-from ..rpc import target_pb2 as pb
-from .contract import HiddenStateSource, InvalidInput, ModelInfo, SourceUnavailable
-from .model_info import channel_options, info_from_message
-from .packing import plan_requests
-from .tensor_codec import to_dtype
-from .wire import HIDDEN_STATES_METHOD, MODEL_INFO_METHOD, SequenceAssembler, decode_chunk, pack_tokens
+from dfp_shared.hidden_states.contract import HiddenStateSource, InvalidInput, ModelInfo, SourceUnavailable
+from dfp_shared.hidden_states.model_info import channel_options, info_from_message
+from dfp_shared.hidden_states.packing import plan_requests
+from dfp_shared.hidden_states.tensor_codec import to_dtype
+from dfp_shared.hidden_states.wire import (
+    HIDDEN_STATES_METHOD,
+    MODEL_INFO_METHOD,
+    SequenceAssembler,
+    decode_chunk,
+    pack_tokens,
+)
+from dfp_shared.rpc import target_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +176,7 @@ class TargetClient:
 
     def _shm_pool(self):
         if self._shm_dir and self._pool is None:
-            from .shm_transport import ShmPool
+            from dfp_shared.hidden_states.shm_transport import ShmPool
 
             self._pool = ShmPool(self._shm_dir)
         return self._pool
@@ -271,7 +277,7 @@ def open_hidden_state_source(target_url: str, model_dir: str | None = None, **kw
     if target_url.strip().lower() == "inprocess":
         if not model_dir:
             raise ValueError("an in-process target needs the model directory")
-        from .local import InProcessTarget
+        from dfp_shared.hidden_states.local import InProcessTarget
 
         return InProcessTarget(model_dir, **kwargs)
     return TargetClient(target_url, **kwargs)

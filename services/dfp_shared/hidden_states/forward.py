@@ -11,7 +11,7 @@ import threading
 
 import torch
 
-from .packing import pad_batch
+from dfp_shared.hidden_states.packing import pad_batch
 
 
 class _StopForward(Exception):

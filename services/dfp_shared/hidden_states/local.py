@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from ..models import load_causal_lm, local_model_dir
-from .contract import ModelInfo, resolve_layers, validate_sequences
-from .forward import forward_batch
-from .model_info import build_model_info
-from .packing import plan_batches
+from dfp_shared.hidden_states.contract import ModelInfo, resolve_layers, validate_sequences
+from dfp_shared.hidden_states.forward import forward_batch
+from dfp_shared.hidden_states.model_info import build_model_info
+from dfp_shared.hidden_states.packing import plan_batches
+from dfp_shared.models.loading import load_causal_lm, local_model_dir
 
 log = logging.getLogger(__name__)
 

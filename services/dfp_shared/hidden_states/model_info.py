@@ -6,10 +6,10 @@ import functools
 from dataclasses import fields
 from pathlib import Path
 
-from ..models import model_fingerprint, text_config
-from ..rpc import target_pb2 as pb
-from .contract import ModelInfo
-from .tensor_codec import dtype_name
+from dfp_shared.hidden_states.contract import ModelInfo
+from dfp_shared.hidden_states.tensor_codec import dtype_name
+from dfp_shared.models.loading import model_fingerprint, text_config
+from dfp_shared.rpc import target_pb2 as pb
 
 _WIRE_FIELDS = [f.name for f in fields(ModelInfo) if f.name != "extra"]
 
@@ -44,7 +44,7 @@ def _tokenizer_fingerprint(path: str) -> str:
     """Fingerprint of the tokenizer saved beside the checkpoint ("" when there is none)."""
     if not (Path(path) / "tokenizer.json").exists() and not (Path(path) / "tokenizer_config.json").exists():
         return ""
-    from ..tokenizer_assets import load_tokenizer, tokenizer_fingerprint
+    from dfp_shared.models.tokenizer_assets import load_tokenizer, tokenizer_fingerprint
 
     return tokenizer_fingerprint(load_tokenizer(path))
 

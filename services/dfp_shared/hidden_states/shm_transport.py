@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from .shm_dir import DIR_PREFIX, PrivateDir, ShmError, segment_dir
+from dfp_shared.hidden_states.shm_dir import DIR_PREFIX, PrivateDir, ShmError, segment_dir
 
 __all__ = ["DIR_PREFIX", "PrivateDir", "ShmError", "segment_dir"]  # declared in .shm_dir
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..rpc import target_pb2 as pb
-from .tensor_codec import CodecError, decode_tensor, dtype_name, tensor_bytes
+from dfp_shared.hidden_states.tensor_codec import CodecError, decode_tensor, dtype_name, tensor_bytes
+from dfp_shared.rpc import target_pb2 as pb
 
 # Names come from the descriptor generated from protos/target.proto, so server, client, health and
 # reflection follow the contract (a renamed service or method fails here, at import).

@@ -12,7 +12,7 @@ at that position cannot be read. Positions are 0-based record indexes (JSON arra
 What a record means (a prompt, a training conversation) is for the caller to decide.
 """
 
-from .base import (
+from dfp_shared.record_sources.base import (
     ARROW,
     DEFAULT_MAX_RECORD_BYTES,
     JSON_ARRAY,
@@ -27,7 +27,7 @@ from .base import (
     select_inputs,
     unit_of,
 )
-from .open import detect_format, iter_records
+from dfp_shared.record_sources.open import detect_format, iter_records
 
 __all__ = ["ARROW", "DEFAULT_MAX_RECORD_BYTES", "JSON_ARRAY", "LINES", "MALFORMED_JSON", "PARQUET", "RECORD_TOO_LONG",
            "TRUNCATED_FILE", "UNREADABLE_FILE", "UNREADABLE_ROW", "RecordError", "detect_format", "iter_records",

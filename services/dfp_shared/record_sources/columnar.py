@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .base import UNREADABLE_ROW, RecordError
+from dfp_shared.record_sources.base import UNREADABLE_ROW, RecordError
 
 BATCH_ROWS = 1024
 

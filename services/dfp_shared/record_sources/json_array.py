@@ -24,7 +24,13 @@ from typing import BinaryIO
 
 import ijson
 
-from .base import MALFORMED_JSON, RECORD_TOO_LONG, TRUNCATED_FILE, UNREADABLE_FILE, RecordError
+from dfp_shared.record_sources.base import (
+    MALFORMED_JSON,
+    RECORD_TOO_LONG,
+    TRUNCATED_FILE,
+    UNREADABLE_FILE,
+    RecordError,
+)
 
 CHUNK_BYTES = 256 * 1024
 _CONTAINER_START = ("start_map", "start_array")

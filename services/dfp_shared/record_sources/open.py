@@ -6,11 +6,11 @@ import gzip
 import io
 from collections.abc import Iterator
 
-from ..storage import ObjectStore
-from .arrow_ipc import iter_arrow
-from .base import ARROW, JSON_ARRAY, LINES, PARQUET
-from .json_array import iter_array
-from .parquet import iter_parquet
+from dfp_shared.record_sources.arrow_ipc import iter_arrow
+from dfp_shared.record_sources.base import ARROW, JSON_ARRAY, LINES, PARQUET
+from dfp_shared.record_sources.json_array import iter_array
+from dfp_shared.record_sources.parquet import iter_parquet
+from dfp_shared.storage.store import ObjectStore
 
 SNIFF_BYTES = 4096
 _SNIFFED = (".json", ".json.gz")  # JSON Lines or one JSON array: the first byte tells

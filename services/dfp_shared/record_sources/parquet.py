@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from .base import UNREADABLE_FILE, RecordError
-from .columnar import BATCH_ROWS, batch_rows
+from dfp_shared.record_sources.base import UNREADABLE_FILE, RecordError
+from dfp_shared.record_sources.columnar import BATCH_ROWS, batch_rows
 
 
 def iter_parquet(stream: BinaryIO, start: int = 0, end: int | None = None) -> Iterator[tuple[int, object]]:

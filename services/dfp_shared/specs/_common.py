@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel
 
-from ..storage_uris import OutsideRoots, canonical_uri
+from dfp_shared.storage.uris import OutsideRoots, canonical_uri
 
 
 def _uri(value: str) -> str:
@@ -21,7 +21,7 @@ def _uri(value: str) -> str:
 
 StorageUri = Annotated[str, AfterValidator(_uri)]
 """A canonical ``s3://bucket/key`` or ``file:///path`` URI, or an absolute local path (see
-:func:`dfp_shared.storage_uris.canonical_uri`); whether it lies inside the operator's roots is
+:func:`dfp_shared.storage.uris.canonical_uri`); whether it lies inside the operator's roots is
 checked by the API and by every worker."""
 
 

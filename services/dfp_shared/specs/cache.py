@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._common import StorageUri
-from .train import MAX_LAYERS, LayerId, TargetEndpointName
+from dfp_shared.specs._common import StorageUri
+from dfp_shared.specs.train import MAX_LAYERS, LayerId, TargetEndpointName
 
 
 class CacheSpec(BaseModel):

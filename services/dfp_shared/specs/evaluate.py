@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ._common import StorageUri
+from dfp_shared.specs._common import StorageUri
 
 MAX_PROMPT_SETS = 16
 MAX_PROMPTS_PER_SET = 10_000

@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ._common import StorageUri
-from ._names import endpoint_name, removed_address
+from dfp_shared.specs._common import StorageUri
+from dfp_shared.specs._names import endpoint_name, removed_address
 
 OpenAIEndpointName = endpoint_name("OpenAI-compatible endpoint")
 

@@ -2,14 +2,14 @@
 
 A GGUF checkpoint in storage becomes an ordinary Hugging Face model directory (safetensors weights, config,
 tokenizer and chat template) that every service loads as a target: the ``models import-gguf`` command's
-import (:mod:`dfp_shared.gguf_import`), as a job.
+import (:mod:`dfp_shared.models.gguf_import`), as a job.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._common import StorageUri
+from dfp_shared.specs._common import StorageUri
 
 
 class ImportGGUFSpec(BaseModel):

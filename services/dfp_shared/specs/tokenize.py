@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ._common import FiniteJson, StorageUri
+from dfp_shared.specs._common import FiniteJson, StorageUri
 
 
 class TokenizeSpec(BaseModel):

@@ -6,10 +6,10 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ..tokenizer_assets import AUTO_MASK_TOKEN, MASK_TOKEN
-from ._common import StorageUri
-from ._names import endpoint_name, removed_address
-from .families import DFLASH2_FIELDS, FAMILY_FIELDS, LAYOUTS
+from dfp_shared.models.tokenizer_assets import AUTO_MASK_TOKEN, MASK_TOKEN
+from dfp_shared.specs._common import StorageUri
+from dfp_shared.specs._names import endpoint_name, removed_address
+from dfp_shared.specs.families import DFLASH2_FIELDS, FAMILY_FIELDS, LAYOUTS
 
 LayerType = Literal["full_attention", "sliding_attention"]
 """The draft layers' attention kinds: the one list of their names (others read it with ``typing.get_args``)."""

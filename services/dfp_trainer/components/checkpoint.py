@@ -27,7 +27,7 @@ import re
 
 import numpy as np
 import torch
-from dfp_shared.storage import NotFound, ObjectStore
+from dfp_shared.storage.store import NotFound, ObjectStore
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 

@@ -225,7 +225,7 @@ class DrafterConfig:
             raise ValueError("no mask token id: the target's tokenizer needs the DFlash mask token "
                              "(<|MASK|>) and its id must be passed as mask_token_id")
         if target_layer_ids is None:
-            from dfp_shared.models import default_target_layer_ids
+            from dfp_shared.models.loading import default_target_layer_ids
 
             if num_layers > 1 and num_target_layers - 3 < 1 + (num_layers - 1):
                 raise ValueError(f"a target with {num_target_layers} layers is too shallow for {num_layers} draft "

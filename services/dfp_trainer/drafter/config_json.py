@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dfp_shared.models import MAX_CONFIG_BYTES
+from dfp_shared.models.loading import MAX_CONFIG_BYTES
 
 
 def read_config_json(path: Path, missing: str, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:

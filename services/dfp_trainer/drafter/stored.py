@@ -2,7 +2,7 @@
 of a drafter from storage (an exported drafter loaded back by :func:`~.load.load_exported`, which the ``evaluate``
 job and the serving reference run; a run's ``init_from``, :func:`~.warm_start.warm_start`).
 
-The file is a user's: it is read no further than :data:`~dfp_shared.models.MAX_CONFIG_BYTES`, and every field
+The file is a user's: it is read no further than :data:`~dfp_shared.models.loading.MAX_CONFIG_BYTES`, and every field
 that sizes something is bounded on the dict read from it (:func:`~.bounds.check_config_dict`, the first thing
 :meth:`DrafterConfig.from_config_dict` does) before any object, list or tensor is built from it. A config in
 vLLM speculators' layout (``speculators_model_type: dflash``, where a loader takes it) has its per-layer list

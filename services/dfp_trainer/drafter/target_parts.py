@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from dfp_shared.tokenizer_assets import AUTO_MASK_TOKEN, choose_mask_token
+from dfp_shared.models.tokenizer_assets import AUTO_MASK_TOKEN, choose_mask_token
 from torch import nn
 
 from .config_json import read_config_json
@@ -105,6 +105,6 @@ def load_target_parts(model_dir: str | os.PathLike, device: str | torch.device |
 
 
 def mask_token_id(tokenizer, mask_token: str = AUTO_MASK_TOKEN) -> int:
-    """Id of the DFlash mask token in the target's tokenizer (:func:`~dfp_shared.tokenizer_assets.choose_mask_token`
+    """Id of the DFlash mask token in the target's tokenizer (:func:`~dfp_shared.models.tokenizer_assets.choose_mask_token`
     picks it for ``auto``); a clear error when it is missing."""
     return int(tokenizer.get_vocab()[choose_mask_token(tokenizer, mask_token)])

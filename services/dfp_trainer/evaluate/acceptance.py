@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import torch
-from dfp_shared import stop_tokens
+from dfp_shared.models import stop_tokens
 
 from .batched import speculative_decode_batch
 from .decode import chat_prompt_ids

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from dfp_shared.models import load_causal_lm, local_model_dir
-from dfp_shared.prompts import PromptError, iter_prompts, resolve_prompt_set
+from dfp_shared.models.loading import load_causal_lm, local_model_dir
+from dfp_shared.models.stop_tokens import stop_token_ids
+from dfp_shared.models.tokenizer_assets import load_tokenizer
+from dfp_shared.records.prompts import PromptError, iter_prompts, resolve_prompt_set
 from dfp_shared.specs.evaluate import EvaluateSpec
-from dfp_shared.stop_tokens import stop_token_ids
-from dfp_shared.storage import NotFound, StorageError, open_store
-from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_shared.storage.store import NotFound, StorageError, open_store
 
 from ..drafter.load import load_exported
 from ..settings import scratch_dir

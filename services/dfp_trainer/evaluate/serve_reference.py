@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 
 import torch
-from dfp_shared.models import load_causal_lm
-from dfp_shared.stop_tokens import stop_token_ids
-from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_shared.models.loading import load_causal_lm
+from dfp_shared.models.stop_tokens import stop_token_ids
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 
 from ..drafter.load import load_exported
 from ..drafter.target_parts import load_target_parts

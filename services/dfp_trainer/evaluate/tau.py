@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import torch
-from dfp_shared.stop_tokens import stop_token_ids
+from dfp_shared.models.stop_tokens import stop_token_ids
 
 from .acceptance import acceptance
 

@@ -6,13 +6,13 @@
 * :mod:`.evaluate` - ``evaluate``; :mod:`.cache` - ``cache`` (a hidden-state cache filled offline);
   :mod:`.import_gguf` - ``import_gguf`` (a GGUF file imported as a model directory).
 
-Adding a job type: its :class:`~dfp_shared.job_types.JobType` on the ``train`` stream, its module here with a
+Adding a job type: its :class:`~dfp_shared.jobs.types.JobType` on the ``train`` stream, its module here with a
 :class:`~.base.JobRunner` (built as ``(settings, redis_client, roots)``, called as ``handler(task, ctx)``), and its line in :data:`JOBS`.
 """
 
 from __future__ import annotations
 
-from dfp_shared.job_types import CACHE, EVALUATE, IMPORT_GGUF, TRAIN
+from dfp_shared.jobs.types import CACHE, EVALUATE, IMPORT_GGUF, TRAIN
 
 from .base import JobRunner
 from .cache import CacheHandler

@@ -4,9 +4,9 @@ spec validated, storage URIs checked, output prefix claimed)."""
 
 from __future__ import annotations
 
-from dfp_shared.queue import Task
-from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.worker import TaskContext
+from dfp_shared.jobs.queue import Task
+from dfp_shared.jobs.worker import TaskContext
+from dfp_shared.storage.roots import StorageRoots
 
 from ..settings import TrainerSettings
 

@@ -3,9 +3,9 @@
 One task (the plan task, on the ``train`` stream) fills the whole cache under the spec's ``output``:
 the target's features of every sample of the dataset for the drafter's layers, shard by shard, each
 written whole (:mod:`..components.data.hidden_cache`), so a train job with ``hidden_states: offline`` then runs
-without a target. Admitted as every job task is (:class:`~dfp_shared.worker.JobHandler`: spec validated,
+without a target. Admitted as every job task is (:class:`~dfp_shared.jobs.worker.JobHandler`: spec validated,
 storage URIs checked, the cache prefix claimed for the job's owner). A stop (SIGTERM) or a cancel ends
-the fill before the next forward request, inside a shard too (:meth:`~dfp_shared.worker.TaskContext.stop_check`: the
+the fill before the next forward request, inside a shard too (:meth:`~dfp_shared.jobs.worker.TaskContext.stop_check`: the
 cancel flag read at most every half second); the shard in progress is dropped, whole shards stay. A stop
 gives the task back and the next delivery computes only the shards still missing; a cancel ends the job
 cancelled.
@@ -19,19 +19,19 @@ import logging
 from collections.abc import Callable
 
 from dfp_shared.hidden_states import CacheError
-from dfp_shared.job_flow import finish_job
-from dfp_shared.jobs import JobState
-from dfp_shared.models import (
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.queue import Task
+from dfp_shared.jobs.store import JobState
+from dfp_shared.jobs.worker import TaskCancelled, TaskContext, TaskReleased
+from dfp_shared.models.loading import (
     default_target_layer_ids,
     local_model_dir,
     model_fingerprint,
     pick_device,
     text_config,
 )
-from dfp_shared.queue import Task
+from dfp_shared.records.token_shards import DatasetError, load_dataset
 from dfp_shared.specs.cache import CacheSpec
-from dfp_shared.token_shards import DatasetError, load_dataset
-from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
 from ..components.data.hidden_cache import complete, open_cache, run_key
 from ..components.distributed import DistInfo

@@ -1,8 +1,8 @@
 """The trainer workers' handler of ``evaluate`` jobs (their plan task arrives on the ``train`` stream).
 
 One task runs the whole evaluation (:func:`.job.evaluate_job`), admitted as every job task is
-(:class:`~dfp_shared.worker.JobHandler`: spec validated, storage URIs checked, output prefix claimed).
-The decoding asks whether to stop before every draft-and-verify step (:meth:`~dfp_shared.worker.TaskContext.stop_check`:
+(:class:`~dfp_shared.jobs.worker.JobHandler`: spec validated, storage URIs checked, output prefix claimed).
+The decoding asks whether to stop before every draft-and-verify step (:meth:`~dfp_shared.jobs.worker.TaskContext.stop_check`:
 the worker's stop flag every step, the job's cancel flag at most every half second), so either ends a
 running evaluation within about one target forward: a stop (SIGTERM) gives the task back and the next
 worker runs it again from the start (the report is written once, at the end); a cancel ends the job
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 
-from dfp_shared.job_flow import finish_job
-from dfp_shared.jobs import JobState
-from dfp_shared.queue import Task
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.queue import Task
+from dfp_shared.jobs.store import JobState
+from dfp_shared.jobs.worker import TaskCancelled, TaskContext, TaskReleased
 from dfp_shared.specs.evaluate import EvaluateSpec
-from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
 from ..evaluate.job import REPORT_NAME, EvaluateError, evaluate_job
 from .base import JobRunner

@@ -2,12 +2,12 @@
 workers (they hold torch, transformers and gguf).
 
 One task (the plan task, on the ``train`` stream) runs the whole import, admitted as every job task is
-(:class:`~dfp_shared.worker.JobHandler`: spec validated, both URIs checked against the storage roots, the
-output prefix claimed for the job's owner); then :func:`dfp_shared.gguf_import.import_claimed`, the import
+(:class:`~dfp_shared.jobs.worker.JobHandler`: spec validated, both URIs checked against the storage roots, the
+output prefix claimed for the job's owner); then :func:`dfp_shared.models.gguf_import.import_claimed`, the import
 the ``models import-gguf`` command runs too, checks the file's size (DFLASH_GGUF_MAX_BYTES) before reading it,
 its header before parsing it, and writes safetensors, config and tokenizer. A file that cannot be imported
 (too large, not GGUF, malformed, an architecture transformers has no model for, missing) fails the job at once
-(:class:`~dfp_shared.failures.CannotSucceed`), naming the file; a storage hiccup is retried like any task error.
+(:class:`~dfp_shared.jobs.failures.CannotSucceed`), naming the file; a storage hiccup is retried like any task error.
 The job record counts ``phases`` (fetched, converted, written: 3), ``source_bytes``, ``files`` and
 ``output_bytes``, and its outputs name the ``model`` directory.
 """
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 
-from dfp_shared.failures import CannotSucceed
-from dfp_shared.gguf_import import PHASES, GGUFError, import_claimed
-from dfp_shared.job_flow import finish_job
-from dfp_shared.jobs import JobState
-from dfp_shared.queue import Task
+from dfp_shared.jobs.failures import CannotSucceed
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.queue import Task
+from dfp_shared.jobs.store import JobState
+from dfp_shared.jobs.worker import TaskCancelled, TaskContext, TaskReleased
+from dfp_shared.models.gguf_import import PHASES, GGUFError, import_claimed
 from dfp_shared.specs.import_gguf import ImportGGUFSpec
-from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 from prometheus_client import Counter
 
 from .base import JobRunner

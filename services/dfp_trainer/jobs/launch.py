@@ -14,11 +14,11 @@ import threading
 import time
 from pathlib import Path
 
-from dfp_shared.job_types import TRAIN
-from dfp_shared.jobs import JobNotFound, JobStore
+from dfp_shared.jobs.store import JobNotFound, JobStore
+from dfp_shared.jobs.types import TRAIN
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.storage import AccessRefused
-from dfp_shared.storage_roots import StorageRoots
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import AccessRefused
 from redis.exceptions import RedisError
 
 from ..group import GroupRuns, rendezvous_args

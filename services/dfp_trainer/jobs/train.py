@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 from dfp_shared.hidden_states import CacheError
-from dfp_shared.job_flow import finish_job
-from dfp_shared.jobs import JobState
-from dfp_shared.queue import Task
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.queue import Task
+from dfp_shared.jobs.store import JobState
+from dfp_shared.jobs.worker import TaskCancelled, TaskContext, TaskReleased
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.worker import TaskCancelled, TaskContext, TaskReleased
 
 from ..components.data.dataset import DataError
 from ..group import GroupRuns, TrainLease

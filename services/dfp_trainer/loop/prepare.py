@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 from dfp_shared.hidden_states import CacheError, open_hidden_state_source
-from dfp_shared.models import local_model_dir, model_fingerprint
-from dfp_shared.specs.train import TrainSpec
-from dfp_shared.tokenizer_assets import (
+from dfp_shared.models.loading import local_model_dir, model_fingerprint
+from dfp_shared.models.tokenizer_assets import (
     chat_template_fingerprint,
     choose_mask_token,
     load_tokenizer,
     tokenizer_fingerprint,
 )
+from dfp_shared.specs.train import TrainSpec
 
 from ..components.data.dataset import load_training_data, trainable_samples
 from ..components.data.draft_vocab import (

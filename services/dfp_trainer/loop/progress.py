@@ -21,8 +21,8 @@ def job_hooks(redis_url: str | None, job_id: str | None, stop: threading.Event |
     """Hooks that write progress to ``job_id``'s record and stop on SIGTERM, cancel or ``extra_stop()``."""
     jobs = None
     if redis_url and job_id:
-        from dfp_shared.jobs import JobStore
-        from dfp_shared.redis_conn import connect
+        from dfp_shared.jobs.redis_conn import connect
+        from dfp_shared.jobs.store import JobStore
 
         jobs = JobStore(connect(redis_url))
 

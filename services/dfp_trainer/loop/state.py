@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 
 from ..components.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
 from ..components.data.dataset import BatchSampler

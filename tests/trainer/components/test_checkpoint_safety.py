@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 from dfp_trainer.components.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state
 from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.loop.prepare import TrainError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dfp_shared.token_shards import load_dataset
+from dfp_shared.records.token_shards import load_dataset
 from dfp_trainer.components.data.collate import collate
 from dfp_trainer.components.data.dataset import (
     BatchSampler,
@@ -109,7 +109,7 @@ def test_bad_datasets_are_clear_errors(tmp_path, qwen3_tokenizer_dir):
 
 
 def test_a_dataset_tokenized_without_the_mask_token_is_accepted(qwen3_tokenizer_dir, tiny_qwen3_dir):
-    from dfp_shared.tokenizer_assets import load_tokenizer, tokenizer_fingerprint
+    from dfp_shared.models.tokenizer_assets import load_tokenizer, tokenizer_fingerprint
     from dfp_trainer.loop.prepare import _fingerprints
 
     base = tokenizer_fingerprint(load_tokenizer(qwen3_tokenizer_dir))  # plain Qwen3, no <|MASK|>

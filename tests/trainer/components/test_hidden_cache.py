@@ -16,9 +16,9 @@ from dfp_shared.hidden_states import (
     InProcessTarget,
     dataset_checksum,
 )
-from dfp_shared.models import model_fingerprint
-from dfp_shared.storage import open_store
-from dfp_shared.token_shards import load_dataset
+from dfp_shared.models.loading import model_fingerprint
+from dfp_shared.records.token_shards import load_dataset
+from dfp_shared.storage.store import open_store
 from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.loop.prepare import TrainError
 from dfp_trainer.run import train

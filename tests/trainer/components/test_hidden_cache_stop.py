@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from dfp_shared.hidden_states import HiddenStateCache, fill_shards
-from dfp_shared.token_shards import load_dataset
+from dfp_shared.records.token_shards import load_dataset
 from dfp_trainer.components.data.hidden_cache import run_key
 
 

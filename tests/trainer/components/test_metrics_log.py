@@ -4,8 +4,8 @@ TensorBoard's own reader), logs to a real MLflow server and records the job's me
 from __future__ import annotations
 
 import pytest
-from dfp_shared.jobs import JobStore
-from dfp_shared.storage import open_store
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.storage.store import open_store
 from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.loop.progress import job_hooks
 from dfp_trainer.run import train

@@ -170,7 +170,7 @@ def test_a_distilling_run_whose_drafter_reads_the_last_layer_is_refused_before_t
 def test_a_distilling_run_from_the_cache_trains_evaluates_and_exports(tmp_path, tiny_qwen3_dir, tiny_dataset):
     import json
 
-    from dfp_shared.storage import open_store
+    from dfp_shared.storage.store import open_store
     from dfp_trainer.run import run_local
     from dfp_trainer.settings import TrainerSettings
 
@@ -221,7 +221,7 @@ def test_target_argmax_labels_train_toward_the_targets_greedy_token():
 def test_a_run_on_the_targets_labels_reads_the_teacher_and_trains(tmp_path, tiny_qwen3_dir, tiny_dataset):
     import json
 
-    from dfp_shared.storage import open_store
+    from dfp_shared.storage.store import open_store
     from dfp_trainer.run import run_local
     from dfp_trainer.settings import TrainerSettings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dfp_shared.models import load_causal_lm
+from dfp_shared.models.loading import load_causal_lm
 from dfp_shared.specs.train import TrainSpec
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.families import build_drafter

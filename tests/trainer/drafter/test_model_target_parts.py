@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from dfp_shared.models import load_causal_lm
-from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_shared.models.loading import load_causal_lm
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.model import DFlashDrafter
 from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id, read_target_config
@@ -66,7 +66,7 @@ def test_missing_mask_token_is_named(qwen3_tokenizer_dir):
 
 
 def test_auto_mask_token_prefers_the_dflash_token_then_a_spare_special_one(qwen3_tokenizer_dir):
-    from dfp_shared.tokenizer_assets import choose_mask_token
+    from dfp_shared.models.tokenizer_assets import choose_mask_token
 
     assert choose_mask_token(load_tokenizer(qwen3_tokenizer_dir, add_mask_token=True)) == "<|MASK|>"
     plain = load_tokenizer(qwen3_tokenizer_dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_trainer.components.data.draft_vocab import (
     VocabError,
     choose_draft_vocab,

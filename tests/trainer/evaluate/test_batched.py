@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dfp_shared.models import load_causal_lm
+from dfp_shared.models.loading import load_causal_lm
+from dfp_shared.models.stop_tokens import stop_token_ids
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_shared.specs.evaluate import EvaluateSpec
-from dfp_shared.stop_tokens import stop_token_ids
-from dfp_shared.tokenizer_assets import load_tokenizer
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.families import build_drafter
 from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id

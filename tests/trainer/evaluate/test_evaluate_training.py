@@ -7,8 +7,8 @@ that the model, the objective and the evaluator fit together and learn.
 from __future__ import annotations
 
 import torch
-from dfp_shared.models import load_causal_lm
-from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_shared.models.loading import load_causal_lm
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_trainer.components.metrics.heldout import heldout_metrics
 from dfp_trainer.drafter.batch import Batch
 from dfp_trainer.drafter.config import DrafterConfig

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dfp_shared.models import load_causal_lm
-from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_shared.models.loading import load_causal_lm
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_trainer.evaluate.decode import chat_prompt_ids
 from dfp_trainer.evaluate.ngram import ngram_decode, propose_ngram
 from dfp_trainer.evaluate.tau import tau_figures

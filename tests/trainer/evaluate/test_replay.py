@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dfp_shared.stop_tokens import stop_token_ids
+from dfp_shared.models.stop_tokens import stop_token_ids
 from dfp_trainer.evaluate.decode import speculative_decode
 from dfp_trainer.evaluate.replay import replay_decode, walk
 from dfp_trainer.evaluate.tau import tau_figures

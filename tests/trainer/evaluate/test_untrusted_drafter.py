@@ -10,10 +10,10 @@ import shutil
 
 import pytest
 import torch
-from dfp_shared.jobs import JobState, JobStore
-from dfp_shared.queue import TaskQueue
-from dfp_shared.submit import queue_job
-from dfp_shared.tokenizer_assets import load_tokenizer
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobState, JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.load import load_exported
 from dfp_trainer.drafter.model import DFlashDrafter

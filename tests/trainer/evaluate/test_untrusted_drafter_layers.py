@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from dfp_shared.models.tokenizer_assets import load_tokenizer
 from dfp_shared.specs.evaluate import EvaluateSpec
-from dfp_shared.tokenizer_assets import load_tokenizer
 from dfp_trainer.drafter.config import DrafterConfig
 from dfp_trainer.drafter.target_parts import load_target_parts, mask_token_id
 from dfp_trainer.evaluate.job import EvaluateError, load_models

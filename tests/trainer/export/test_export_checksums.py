@@ -23,9 +23,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from dfp_shared.models.tokenizer_assets import choose_mask_token, load_tokenizer
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.storage import open_store
-from dfp_shared.tokenizer_assets import choose_mask_token, load_tokenizer
+from dfp_shared.storage.store import open_store
 from dfp_trainer.drafter.families import build_drafter
 from dfp_trainer.drafter.target_parts import load_target_parts
 from dfp_trainer.report import EXPORT_PREFIXES, export_layouts

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.drafter.load import load_exported
 from dfp_trainer.drafter.target_parts import load_target_parts
@@ -81,7 +81,7 @@ def test_layer_types_reach_the_exported_drafter_which_loads_back(tmp_path, tiny_
     loaded = load_exported(drafter_dir, parts.embed_tokens, parts.lm_head)
     assert loaded.config.layer_types == ["sliding_attention", "full_attention"]
     assert loaded.config.sliding_window == 8
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
 
     assert loaded.config.mask_token_id == load_tokenizer(tiny_qwen3_dir).convert_tokens_to_ids("<|MASK|>")
     _, weights = final_weights(output)
@@ -91,7 +91,7 @@ def test_layer_types_reach_the_exported_drafter_which_loads_back(tmp_path, tiny_
 
 
 def test_mask_token_of_the_spec_is_used_or_named_when_missing(tmp_path, tiny_qwen3_dir, tiny_dataset):
-    from dfp_shared.tokenizer_assets import load_tokenizer
+    from dfp_shared.models.tokenizer_assets import load_tokenizer
 
     spec = TrainSpec.model_validate(tiny_spec(tiny_dataset, tiny_qwen3_dir, f"file://{tmp_path}/o",
                                               mask_token="<|fim_pad|>"))

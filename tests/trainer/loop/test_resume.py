@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 import torch
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 from dfp_trainer.components.checkpoint import CheckpointError, CheckpointManager
 from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.run import EXIT_STOPPED, train

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from dfp_shared.job_types import TOKENIZE
-from dfp_shared.jobs import JobStore
-from dfp_shared.queue import TaskQueue
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobStore
+from dfp_shared.jobs.submit import queue_job
+from dfp_shared.jobs.types import TOKENIZE
+from dfp_shared.jobs.worker import Worker
+from dfp_shared.records.token_shards import load_dataset
 from dfp_shared.specs.train import TrainSpec
-from dfp_shared.submit import queue_job
-from dfp_shared.token_shards import load_dataset
-from dfp_shared.worker import Worker
 from dfp_tokenizer.tasks import EncoderCache, TokenizeHandler
 from dfp_trainer.components.distributed import DistInfo
 from dfp_trainer.loop.prepare import TrainError, prepare

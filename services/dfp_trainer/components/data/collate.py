@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import torch
 from dfp_shared.hidden_states import plan_requests
-from dfp_shared.token_shards import TokenDataset
+from dfp_shared.records.token_shards import TokenDataset
 
 from ...drafter.batch import Batch
 

@@ -1,6 +1,6 @@
 """Input pipeline data side: the token dataset in memory, length-bucketed batches, a resumable sampler.
 
-The whole tokenized dataset is read once (``dfp_shared.token_shards.load_dataset``: manifest ->
+The whole tokenized dataset is read once (``dfp_shared.records.token_shards.load_dataset``: manifest ->
 shards -> three flat tensors). Batches are index tensors planned per epoch with tensor ops:
 
 1. a permutation of all samples from ``(seed, epoch)``;
@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterator
 
 import torch
-from dfp_shared.token_shards import TokenDataset, load_dataset
+from dfp_shared.records.token_shards import TokenDataset, load_dataset
 
 log = logging.getLogger(__name__)
 

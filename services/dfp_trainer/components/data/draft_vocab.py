@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 import torch
-from dfp_shared import chat_template, stop_tokens
+from dfp_shared import chat_template
+from dfp_shared.models import stop_tokens
 
 # a turn the template renders in full: its added tokens are those a served answer can contain
 _PROBE = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r"}]

@@ -23,7 +23,7 @@ from dfp_shared.hidden_states import (
     estimate_bytes,
     fill_shards,
 )
-from dfp_shared.token_shards import TokenDataset
+from dfp_shared.records.token_shards import TokenDataset
 
 from ...settings import TrainerSettings
 from ..distributed import DistInfo, barrier

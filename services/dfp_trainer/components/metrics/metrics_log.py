@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from dfp_shared.storage import open_store
+from dfp_shared.storage.store import open_store
 
 from ...evaluate.prediction import predicted_tau_cut
 from ...evaluate.prompts import eval_prompts

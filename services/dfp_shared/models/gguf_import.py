@@ -4,7 +4,7 @@ and chat template.
 Users often hold a target as one GGUF file (llama.cpp's format, usually quantised). transformers reads it
 (``gguf_file=``, de-quantising to float32), but a model loaded that way refuses ``save_pretrained``; the
 import builds the plain architecture from the file's config, loads the de-quantised state dict into it and
-saves that, so every service then loads the target through :func:`dfp_shared.models.load_causal_lm` like
+saves that, so every service then loads the target through :func:`dfp_shared.models.loading.load_causal_lm` like
 any other checkpoint.
 
 The file is data, never code: its size is bounded before it is read (an object in S3 by its length, before
@@ -33,13 +33,13 @@ from pathlib import Path
 
 from pydantic import Field
 
-from . import gguf_header
-from .config import CommonSettings
-from .confined import ConfinedError, LimitExceeded, Limits, run_confined
-from .ownership import OutputClaims
-from .printable import printable
-from .storage import RANGE_READ_SIZE, NotFound, ObjectStore, open_store, split_uri
-from .storage_roots import StorageRoots
+from dfp_shared.config import CommonSettings
+from dfp_shared.models import gguf_header
+from dfp_shared.models.confined import ConfinedError, LimitExceeded, Limits, run_confined
+from dfp_shared.printable import printable
+from dfp_shared.storage.ownership import OutputClaims
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import RANGE_READ_SIZE, NotFound, ObjectStore, open_store, split_uri
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def convert_gguf(path: str | Path, out_dir: str | Path, max_bytes: int = DEFAULT
 def convert_confined(path: Path, out_dir: Path, max_bytes: int, name: str, limits: Limits = DEFAULT_LIMITS,
                      check: Callable[[], None] | None = None) -> Path:
     """:func:`convert_gguf` (header scan included) in a child process under ``limits``
-    (:mod:`dfp_shared.confined`); ``check`` is called every fraction of a second (what it raises ends the
+    (:mod:`dfp_shared.models.confined`); ``check`` is called every fraction of a second (what it raises ends the
     child and propagates). A limit exceeded is a :class:`GGUFError` naming the file and the limit."""
     kwargs = {"path": str(path), "out_dir": str(out_dir), "max_bytes": max_bytes, "name": name}
     try:

@@ -1,5 +1,5 @@
 """A raw, seekable reader of one S3 object, each read one ranged GET through the store's retries
-(:meth:`dfp_shared.storage.S3Store.open_read` buffers it)."""
+(:meth:`dfp_shared.storage.store.S3Store.open_read` buffers it)."""
 
 from __future__ import annotations
 

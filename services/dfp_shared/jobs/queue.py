@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import redis
 from redis.exceptions import ResponseError
 
-from .printable import printable
+from dfp_shared.printable import printable
 
 log = logging.getLogger(__name__)
 

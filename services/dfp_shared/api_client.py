@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import click
 import httpx
-from dfp_shared.printable import printable
 from httpx_sse import EventSource, SSEError
+
+from dfp_shared.printable import printable
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 

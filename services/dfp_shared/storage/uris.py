@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from .storage import AccessRefused
+from dfp_shared.storage.store import AccessRefused
 
 MAX_URI_LENGTH = 2048
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")

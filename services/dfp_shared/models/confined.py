@@ -2,7 +2,7 @@
 
 A file a user names may claim sizes its bytes do not hold; whatever believes a claim before it is bounded
 can allocate without end or loop. What parses such a file runs here: :func:`run_confined` starts
-``python -m dfp_shared.confined`` in its own session, which imports the function, caps its own address
+``python -m dfp_shared.models.confined`` in its own session, which imports the function, caps its own address
 space with ``RLIMIT_AS`` at its size once imported plus :attr:`Limits.memory_bytes` (so its peak never
 reaches the worker), runs it and writes a JSON answer. The parent waits, calling ``check`` every
 :data:`CHECK_S` (a cancel, a second SIGTERM: what it raises propagates); the child's process group is

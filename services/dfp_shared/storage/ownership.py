@@ -17,8 +17,8 @@ import os
 import threading
 import time
 
-from .storage import AccessRefused, NotFound, ObjectStore, open_store
-from .storage_roots import StorageRoots
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import AccessRefused, NotFound, ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 

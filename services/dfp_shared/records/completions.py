@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from .storage import ObjectStore
+from dfp_shared.storage.store import ObjectStore
 
 FORMAT = "dflash-completions/1"
 MANIFEST = "manifest.json"
@@ -82,7 +82,7 @@ def write_manifest(store: ObjectStore, manifest: dict) -> None:
 
 
 def read_manifest(store: ObjectStore) -> dict:
-    """The manifest under ``store`` (raises :class:`~dfp_shared.storage.NotFound` without one)."""
+    """The manifest under ``store`` (raises :class:`~dfp_shared.storage.store.NotFound` without one)."""
     try:
         manifest = json.loads(store.get(MANIFEST))
     except ValueError:

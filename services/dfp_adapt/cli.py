@@ -1,5 +1,5 @@
 """``dflash-pipeline adapt``: from captured traffic to a served drafter (wiring only; the run is
-:mod:`.adapt_run`, the served store :mod:`dfp_shared.promotion`). Every message printed passes
+:mod:`.adapt_run`, the served store :mod:`dfp_adapt.served_store`). Every message printed passes
 :func:`~dfp_shared.printable.printable`: it may quote what the store holds."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import click
 import yaml
 from dfp_shared.cli_support import with_settings
 from dfp_shared.printable import printable
-from dfp_shared.promotion import PromotionError, ServedDrafters, check_name
 from dfp_shared.signals import StopSignals
 from dfp_shared.specs.train import MAX_BLOCK_SIZE
-from dfp_shared.storage import NotFound, StorageError, normalize_key, visible
-from dfp_shared.storage_roots import StorageRoots
-from dfp_shared.storage_uris import OutsideRoots
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import NotFound, StorageError, normalize_key, visible
+from dfp_shared.storage.uris import OutsideRoots
 
-from .adapt_settings import AdaptSettings
+from dfp_adapt.served_store import PromotionError, ServedDrafters, check_name
+from dfp_adapt.settings import AdaptSettings
 
 MAX_SPEC_BYTES = 1 << 20
 MAX_CONFIG_BYTES = 1 << 20
@@ -67,8 +67,9 @@ def _print(event: dict) -> None:
 @with_settings(AdaptSettings, "adapt")
 def run(settings: AdaptSettings):
     """One run: the window's traffic, a candidate trained and evaluated, promoted or refused; prints the decision."""
-    from .adapt_run import AdaptError, JobsApi, adapt_once
-    from .api_client import Api
+    from dfp_shared.api_client import Api
+
+    from dfp_adapt.run import AdaptError, JobsApi, adapt_once
 
     key = settings.api_key.get_secret_value() if settings.api_key else None
     jobs = JobsApi(Api(settings.api_url, key), settings.adapt_poll_s, settings.adapt_timeout_s)

@@ -19,7 +19,7 @@ from enum import Enum
 
 import redis
 
-from .printable import printable
+from dfp_shared.printable import printable
 
 EVENTS_MAXLEN = 2000
 METRICS_MAXLEN = 5000

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from .specs import (
+from dfp_shared.specs import (
     CacheSpec,
     EvaluateSpec,
     GenerateSpec,
@@ -44,7 +44,7 @@ class JobType:
 GENERATE = JobType("generate", GenerateSpec, "prompts", "generate", Feeds("tokenize", "input", "completions"))
 TOKENIZE = JobType("tokenize", TokenizeSpec, "files", "tokenize", Feeds("train", "dataset", "dataset"))
 TRAIN = JobType("train", TrainSpec, "steps", "train")
-# a pipeline runs its stages as jobs of their own (see dfp_shared.job_flow)
+# a pipeline runs its stages as jobs of their own (see dfp_shared.jobs.flow)
 PIPELINE = JobType("pipeline", PipelineSpec, "stages", None)
 # evaluate jobs run on the trainer workers (they hold the target and drafter code)
 EVALUATE = JobType("evaluate", EvaluateSpec, "prompts", TRAIN.stream)
@@ -53,7 +53,7 @@ EVALUATE = JobType("evaluate", EvaluateSpec, "prompts", TRAIN.stream)
 CACHE = JobType("cache", CacheSpec, "shards", TRAIN.stream)
 
 # import_gguf jobs turn a GGUF file into a model directory, on the trainer workers too (torch, transformers, gguf);
-# progress by the import's phases (dfp_shared.gguf_import.PHASES)
+# progress by the import's phases (dfp_shared.models.gguf_import.PHASES)
 IMPORT_GGUF = JobType("import_gguf", ImportGGUFSpec, "phases", TRAIN.stream)
 
 JOB_TYPES: dict[str, JobType] = {t.name: t for t in (GENERATE, TOKENIZE, TRAIN, PIPELINE, EVALUATE, CACHE,

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from .record_sources import (
+from dfp_shared.record_sources import (
     DEFAULT_MAX_RECORD_BYTES,
     LINES,
     RecordError,
@@ -42,7 +42,7 @@ from .record_sources import (
     select_inputs,
     unit_of,
 )
-from .storage import NotFound, ObjectStore, StorageError, open_store, split_uri, visible
+from dfp_shared.storage.store import NotFound, ObjectStore, StorageError, open_store, split_uri, visible
 
 MAX_RECORD_BYTES = DEFAULT_MAX_RECORD_BYTES
 """A JSON-array record larger than this is one unreadable record (it is not built in memory)."""

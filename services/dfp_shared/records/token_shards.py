@@ -181,7 +181,7 @@ def read_at_most(store, key: str, limit: int, error: type[Exception], what: str)
 
 def _read_manifest(store) -> dict:
     """The dataset's manifest, bounded and checked field by field (it comes from the user's storage)."""
-    from .storage import NotFound
+    from dfp_shared.storage.store import NotFound
 
     where = store.url(MANIFEST)
     try:
@@ -204,7 +204,7 @@ def _read_manifest(store) -> dict:
 
 def load_dataset(uri: str, endpoint_url: str | None = None, verify: bool = True, max_workers: int = 16) -> TokenDataset:
     """Read the manifest under ``uri`` and every shard it lists (in parallel), checksums verified."""
-    from .storage import open_store
+    from dfp_shared.storage.store import open_store
 
     store = open_store(uri, endpoint_url=endpoint_url)
     manifest = _read_manifest(store)

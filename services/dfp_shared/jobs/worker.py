@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ValidationError
 
-from .failures import CannotSucceed
-from .job_flow import finish_job
-from .job_types import JobType, task_job_type
-from .jobs import JobNotFound, JobRecord, JobState, JobStore
-from .ownership import OutputClaims
-from .queue import LEASE_EXPIRED, WORKER_DIED, Task, TaskQueue, default_consumer_name
-from .signals import StopSignals
-from .storage import AccessRefused
-from .storage_roots import StorageRoots
+from dfp_shared.jobs.failures import CannotSucceed
+from dfp_shared.jobs.flow import finish_job
+from dfp_shared.jobs.queue import LEASE_EXPIRED, WORKER_DIED, Task, TaskQueue, default_consumer_name
+from dfp_shared.jobs.store import JobNotFound, JobRecord, JobState, JobStore
+from dfp_shared.jobs.types import JobType, task_job_type
+from dfp_shared.signals import StopSignals
+from dfp_shared.storage.ownership import OutputClaims
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import AccessRefused
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +107,13 @@ Handler = Callable[[Task, TaskContext], "dict | None"]
 class JobHandler:
     """The handler of a service's job tasks. Before :meth:`handle` runs, each task is admitted:
 
-    * the job's spec is validated with its type's model (:func:`~dfp_shared.job_types.task_job_type`);
+    * the job's spec is validated with its type's model (:func:`~dfp_shared.jobs.types.task_job_type`);
       an invalid one fails the job at once (``invalid <type> spec: ...``), as a retry cannot help;
     * before any I/O (the task may come from anyone who can write to Redis) every storage URI of the
       spec is checked against ``roots``, and the task's own by :meth:`confine_task`;
-    * the output prefix is claimed for the job's owner (:class:`~dfp_shared.ownership.OutputClaims`).
+    * the output prefix is claimed for the job's owner (:class:`~dfp_shared.storage.ownership.OutputClaims`).
 
-    A refusal raises :class:`~dfp_shared.storage.AccessRefused`: the worker fails the job. ``handle``
+    A refusal raises :class:`~dfp_shared.storage.store.AccessRefused`: the worker fails the job. ``handle``
     finds the job, its type and its spec on ``ctx``. A subclass sets ``roots`` and ``claims``.
     """
 

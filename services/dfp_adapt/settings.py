@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dfp_shared.capture_source import MAX_HELDOUT_SHARE, MAX_WINDOW_HOURS
 from dfp_shared.config import CommonSettings
-from dfp_shared.promotion_rule import MAX_THRESHOLD, MAX_Z
 from pydantic import Field, SecretStr
+
+from dfp_adapt.rule import MAX_THRESHOLD, MAX_Z
+from dfp_adapt.source import MAX_HELDOUT_SHARE, MAX_WINDOW_HOURS
 
 MAX_RETENTION_HOURS = 24 * 366
 

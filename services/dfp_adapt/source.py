@@ -22,19 +22,15 @@ the text of a shard or of a file.
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from .completions import MESSAGES, META, encode_records, record_id
-from .storage import ObjectStore, open_store, visible
+from dfp_shared.records.capture_layout import CAPTURED_AT_FORMAT, HOUR_FORMAT, SHARDS
+from dfp_shared.records.completions import MESSAGES, META, encode_records, record_id
+from dfp_shared.storage.store import ObjectStore, open_store, visible
 
-HOUR_FORMAT = "%Y%m%dT%H"  # the hour folders, UTC
-HOUR_RE = re.compile(r"^completions/(\d{8}T\d{2})/[^/]+\.jsonl$")  # a shard's key under the capture prefix
-CAPTURED_AT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # a record's meta.captured_at, UTC
-SHARDS = "completions/"
 MAX_WINDOW_HOURS = 24 * 31
 MAX_HELDOUT_SHARE = 0.5
 MAX_HELDOUT = 10_000  # an evaluate job reads at most this many prompts of a set

@@ -13,11 +13,11 @@ import uuid
 
 import redis
 
-from .job_types import JOB_TYPES, PIPELINE, job_type
-from .jobs import JobRecord, JobState, JobStore
-from .queue import TaskQueue
-from .specs import PipelineSpec
-from .storage_roots import StorageRoots
+from dfp_shared.jobs.queue import TaskQueue
+from dfp_shared.jobs.store import JobRecord, JobState, JobStore
+from dfp_shared.jobs.types import JOB_TYPES, PIPELINE, job_type
+from dfp_shared.specs import PipelineSpec
+from dfp_shared.storage.roots import StorageRoots
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def queue_job(r: redis.Redis, type_name: str, spec: dict, *, idempotency_key: st
     idempotency key already used returns the existing job and False.
 
     With ``roots`` (the API's), every storage URI of the spec must lie inside them (raises
-    :class:`~dfp_shared.storage_roots.OutsideRoots`), and an unset ``output`` becomes a per-job prefix.
+    :class:`~dfp_shared.storage.roots.OutsideRoots`), and an unset ``output`` becomes a per-job prefix.
     """
     spec = validate_spec(type_name, spec)
     kind = JOB_TYPES[type_name]

@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from .storage_uris import OutsideRoots, canonical_uri, uri_scheme
+from dfp_shared.storage.uris import OutsideRoots, canonical_uri, uri_scheme
 
 
 def _operator_root(uri: str) -> str:
@@ -185,9 +185,9 @@ class StorageRoots:
     def _spec_uris(job_type: str, spec, prefix: str):
         """(field, URI or None) for every storage field of a job spec (a model or its dict; pipelines stage by
         stage); ``output`` always, even unset."""
-        from .job_types import JOB_TYPES, PIPELINE
-        from .specs import PipelineSpec
-        from .specs._common import storage_fields
+        from dfp_shared.jobs.types import JOB_TYPES, PIPELINE
+        from dfp_shared.specs import PipelineSpec
+        from dfp_shared.specs._common import storage_fields
 
         data = spec.model_dump() if hasattr(spec, "model_dump") else dict(spec)
         if job_type == PIPELINE.name:

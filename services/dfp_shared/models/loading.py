@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from .failures import ModelRefused
-from .storage import local_dir_confined
+from dfp_shared.jobs.failures import ModelRefused
+from dfp_shared.storage.store import local_dir_confined
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,8 @@ def local_model_dir(uri: str, cache_dir: str | os.PathLike | None = None, endpoi
         if not path.is_dir():
             raise FileNotFoundError(f"model directory {uri} does not exist")
         return local_dir_confined(path, uri)
-    from .storage import open_store
-    from .tokenizer_assets import default_cache_dir
+    from dfp_shared.models.tokenizer_assets import default_cache_dir
+    from dfp_shared.storage.store import open_store
 
     store = open_store(uri, endpoint_url=endpoint_url)
     dest = Path(cache_dir or default_cache_dir()) / "models" / hashlib.sha256(uri.encode()).hexdigest()[:16]
@@ -54,7 +54,7 @@ PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 
 def check_loadable(path: Path, uri: str) -> None:
-    """Raise :class:`~dfp_shared.failures.ModelRefused` for a checkpoint that cannot be loaded here, before
+    """Raise :class:`~dfp_shared.jobs.failures.ModelRefused` for a checkpoint that cannot be loaded here, before
     anything is read: no ``config.json``, or no safetensors weights (pickled weights are never loaded)."""
     if not (path / "config.json").is_file():
         raise ModelRefused(f"model {uri}: no config.json (not a Hugging Face checkpoint)")
@@ -86,7 +86,7 @@ MAX_CONFIG_BYTES = 4 << 20  # a config.json (public ones: a few KiB, multimodal 
 
 
 def check_sized_by_weights(path: Path, uri: str) -> None:
-    """Refuse (:class:`~dfp_shared.failures.ModelRefused`) a checkpoint whose ``config.json`` describes more
+    """Refuse (:class:`~dfp_shared.jobs.failures.ModelRefused`) a checkpoint whose ``config.json`` describes more
     parameters than its safetensors files hold at half a byte each (4-bit weights), before anything is allocated: a model is
     built from its config first, and weights the files lack are made in memory, so an empty weights file under
     a config that claims a vast model would otherwise be built at the config's size. The parameters are

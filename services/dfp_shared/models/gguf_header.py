@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .printable import printable
+from dfp_shared.printable import printable
 
 MAX_KEY_BYTES = 1 << 16
 MAX_NAME_BYTES = 1 << 16

@@ -41,8 +41,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .printable import printable
-from .storage import NotFound, ObjectStore, open_store, visible
+from dfp_shared.printable import printable
+from dfp_shared.storage.store import NotFound, ObjectStore, open_store, visible
 
 log = logging.getLogger(__name__)
 

@@ -1,15 +1,15 @@
 """How jobs end: ``finish_job`` moves a job to a terminal state and, when the job is a pipeline stage,
 ``advance_pipeline`` starts the next stage with this one's output (see
-:attr:`dfp_shared.job_types.JobType.feeds`) or ends the pipeline.
+:attr:`dfp_shared.jobs.types.JobType.feeds`) or ends the pipeline.
 """
 
 from __future__ import annotations
 
 import redis
 
-from .job_types import JOB_TYPES
-from .jobs import IllegalTransition, JobRecord, JobState, JobStore
-from .submit import start_stage
+from dfp_shared.jobs.store import IllegalTransition, JobRecord, JobState, JobStore
+from dfp_shared.jobs.submit import start_stage
+from dfp_shared.jobs.types import JOB_TYPES
 
 
 def finish_job(r: redis.Redis, job_id: str, state: JobState | str, *, error: str | None = None,

@@ -1,13 +1,13 @@
 """One adaptation run: captured traffic in, a candidate drafter trained, evaluated and promoted or refused.
 
-1. :func:`~dfp_shared.capture_source.prepare_source` splits the window's records under the run's prefix:
+1. :func:`~dfp_adapt.source.prepare_source` splits the window's records under the run's prefix:
    greedy records to train on as they are, sampled ones to regenerate (or train on as they are), and the
    newest share as held-out prompts;
 2. a ``generate`` job answers the sampled prompts greedily; its completions join the greedy records;
 3. a ``pipeline`` job (tokenize, then train warm-started from the served drafter's current version);
 4. two ``evaluate`` jobs on the held-out prompts: the candidate, and the served version (both report n-gram
    speculation beside them); with no drafter served yet, n-gram speculation is the baseline;
-5. :func:`~dfp_shared.promotion_rule.decide` on the paired per-prompt τ; the served store promotes the
+5. :func:`~dfp_adapt.rule.decide` on the paired per-prompt τ; the served store promotes the
    candidate or records the refusal, with the evidence.
 
 Every job goes through the API with the caller's key (its checks of roots, owners and bounds apply); the run
@@ -24,14 +24,14 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from dfp_shared.capture_source import prepare_source, window
-from dfp_shared.ownership import MARKER, OutputClaims
-from dfp_shared.promotion import ServedDrafters
-from dfp_shared.promotion_rule import decide, paired
-from dfp_shared.storage import NotFound, open_store, split_uri, visible
-from dfp_shared.storage_roots import StorageRoots
+from dfp_shared.storage.ownership import MARKER, OutputClaims
+from dfp_shared.storage.roots import StorageRoots
+from dfp_shared.storage.store import NotFound, open_store, split_uri, visible
 
-from .adapt_settings import AdaptSettings
+from dfp_adapt.rule import decide, paired
+from dfp_adapt.served_store import ServedDrafters
+from dfp_adapt.settings import AdaptSettings
+from dfp_adapt.source import prepare_source, window
 
 log = logging.getLogger(__name__)
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -44,7 +44,7 @@ class AdaptError(RuntimeError):
 
 
 class JobsApi:
-    """Submit a job and wait for it to end, through the REST API (``api`` is a :class:`~dfp_cli.api_client.Api`)."""
+    """Submit a job and wait for it to end, through the REST API (``api`` is a :class:`~dfp_shared.api_client.Api`)."""
 
     def __init__(self, api, poll_s: float, timeout_s: float):
         self.api, self.poll_s, self.timeout_s = api, poll_s, timeout_s

@@ -12,18 +12,15 @@ import yaml
 from dfp_shared.cli_support import with_settings
 from dfp_shared.printable import printable
 from dfp_shared.signals import StopSignals
-from dfp_shared.specs.train import MAX_BLOCK_SIZE
 from dfp_shared.storage.roots import StorageRoots
 from dfp_shared.storage.store import NotFound, StorageError, normalize_key, visible
 from dfp_shared.storage.uris import OutsideRoots
 
 from dfp_adapt.served_store import PromotionError, ServedDrafters, check_name
+from dfp_adapt.serving import V2_RUNNER, needs_v2_runner, read_drafter_config, speculative_config  # noqa: F401 (V2_RUNNER: its readers)
 from dfp_adapt.settings import AdaptSettings
 
 MAX_SPEC_BYTES = 1 << 20
-MAX_CONFIG_BYTES = 1 << 20
-DSPARK = "Qwen3DSparkModel"  # the architecture vLLM serves as method dspark (the others: dflash)
-V2_RUNNER = (DSPARK, "DFlash2DraftModel")  # the architectures vLLM serves on its V2 model runner only
 
 
 @click.group(name="adapt")
@@ -115,6 +112,14 @@ def _checked_name(ctx, param, value: str | None) -> str | None:
         raise click.BadParameter(str(exc)) from None
 
 
+def _configuration(settings: AdaptSettings, name: str | None) -> tuple[ServedDrafters, dict]:
+    served = _served(settings, name)
+    config = served.configuration()
+    if config is None:
+        raise PromotionError(f"{served.uri}: nothing is served yet (no configuration promoted)")
+    return served, config
+
+
 @group.command()
 @with_settings(AdaptSettings, "adapt")
 @click.argument("name", required=False, callback=_checked_name)
@@ -127,49 +132,52 @@ def current(settings: AdaptSettings, name: str | None, as_config: bool, attentio
     """The drafter serving loads: the served version's directory (NAME: the served drafter, default --adapt-name).
 
     Resolved through the served store's pointer at each call, so a serving pod that runs it as it starts loads one
-    whole version, the one promoted (or rolled back to) last."""
+    whole version, the one promoted (or rolled back to) last. With n-gram or no speculation served there is no
+    drafter: it says so and fails (``adapt serving-config`` prints the serving line for any configuration)."""
     try:
-        served = _served(settings, name)
-        now = served.current()
-        if now is None:
-            raise PromotionError(f"{served.uri}: nothing is served yet (no version promoted)")
-        config = _drafter_config(served, now.version)
-        path = _download(served, now.version, download) if download else now.uri.removeprefix("file://").rstrip("/")
-    except (PromotionError, StorageError) as exc:
+        served, config = _configuration(settings, name)
+        if "version" not in config:
+            raise PromotionError(f"{served.uri}: serves {config['method']} speculation, no drafter: there is no "
+                                 "drafter to download (dflash-pipeline adapt serving-config prints its serving line)")
+        drafter = read_drafter_config(served.store, f"versions/{config['version']}/config.json")
+        path = _download(served, config["version"], download) if download else \
+            served.version_uri(config["version"]).removeprefix("file://").rstrip("/")
+    except (PromotionError, StorageError, ValueError) as exc:
         raise _failed(exc) from None
     if not as_config:
         click.echo(printable(path, keep_newlines=False))
         return
-    spec = {"method": "dspark" if DSPARK in config["architectures"] else "dflash", "model": path,
-            "num_speculative_tokens": config["block_size"] - 1,
-            **({"attention_backend": attention_backend} if attention_backend else {})}
-    if set(config["architectures"]) & set(V2_RUNNER) or len(set(config["layer_types"])) > 1:
-        click.echo("vLLM serves this drafter with VLLM_USE_V2_MODEL_RUNNER=1 set", err=True)
-    click.echo(printable(json.dumps(spec), keep_newlines=False))
+    _echo_spec(config, path, drafter, attention_backend)
 
 
-def _drafter_config(served: ServedDrafters, version: int) -> dict:
-    """What the serving line needs of the served version's ``config.json``: its architectures, layer types and
-    block size (bounded as a train spec bounds it)."""
-    where = served.store.url(f"versions/{version}/config.json")
-    with served.store.open_read(f"versions/{version}/config.json") as f:
-        data = f.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise PromotionError(f"{where}: larger than {MAX_CONFIG_BYTES} bytes")
+@group.command(name="serving-config")
+@with_settings(AdaptSettings, "adapt")
+@click.argument("name", required=False, callback=_checked_name)
+@click.option("--attention-backend", default="", help="Attention backend to name for a drafter (e.g. FLASH_ATTN).")
+@click.option("--download", type=click.Path(file_okay=False), default=None,
+              help="For a drafter: copy the served version into this new or empty directory and name the copy.")
+def serving_config(settings: AdaptSettings, name: str | None, attention_backend: str, download: str | None):
+    """vLLM's --speculative-config JSON for the configuration served (a drafter, n-gram, or null: no speculation).
+
+    Serving runs: vllm serve ... --speculative-config "$(dflash-pipeline adapt serving-config NAME)"
+    """
     try:
-        config = json.loads(data)
-    except (ValueError, RecursionError):
-        raise PromotionError(f"{where}: not JSON") from None
-    if not isinstance(config, dict):
-        raise PromotionError(f"{where}: not a drafter's config")
-    dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
-    block = dflash.get("block_size", config.get("block_size", 16))  # the trainer's reading: 16 when unsaid
-    if type(block) is not int or not 2 <= block <= MAX_BLOCK_SIZE:
-        raise PromotionError(f"{where}: block_size {printable(repr(block))[:32]} is not 2..{MAX_BLOCK_SIZE}")
-    architectures = config.get("architectures") if isinstance(config.get("architectures"), list) else []
-    layers = config.get("layer_types") if isinstance(config.get("layer_types"), list) else []
-    return {"architectures": [a for a in architectures if isinstance(a, str)], "block_size": block,
-            "layer_types": [str(t) for t in layers]}
+        served, config = _configuration(settings, name)
+        drafter, path = None, None
+        if "version" in config:
+            drafter = read_drafter_config(served.store, f"versions/{config['version']}/config.json")
+            path = _download(served, config["version"], download) if download else \
+                served.version_uri(config["version"]).removeprefix("file://").rstrip("/")
+    except (PromotionError, StorageError, ValueError) as exc:
+        raise _failed(exc) from None
+    _echo_spec(config, path, drafter, attention_backend)
+
+
+def _echo_spec(config: dict, path: str | None, drafter: dict | None, attention_backend: str) -> None:
+    if drafter is not None and needs_v2_runner(drafter):
+        click.echo("vLLM serves this drafter with VLLM_USE_V2_MODEL_RUNNER=1 set", err=True)
+    spec = speculative_config(config, path, drafter, attention_backend)
+    click.echo(printable(json.dumps(spec), keep_newlines=False))
 
 
 def _download(served: ServedDrafters, version: int, directory: str) -> str:

@@ -24,12 +24,13 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
+from dfp_shared.specs.evaluate import EvaluateSpec
 from dfp_shared.storage.ownership import MARKER, OutputClaims
 from dfp_shared.storage.roots import StorageRoots
 from dfp_shared.storage.store import NotFound, open_store, split_uri, visible
 
-from dfp_adapt.rule import decide, paired
 from dfp_adapt.served_store import ServedDrafters
+from dfp_adapt.serving import NONE, Option, judge, ngram_config, read_drafter_config
 from dfp_adapt.settings import AdaptSettings
 from dfp_adapt.source import prepare_source, window
 
@@ -48,6 +49,7 @@ class JobsApi:
 
     def __init__(self, api, poll_s: float, timeout_s: float):
         self.api, self.poll_s, self.timeout_s = api, poll_s, timeout_s
+        self.job_ids: list[str] = []  # every job this run submitted, in order (a failure's record names them)
 
     def whoami(self) -> str:
         """The key's principal: the owner of the run's jobs, and of the run's prefix and the served store."""
@@ -59,6 +61,7 @@ class JobsApi:
 
     def run(self, job_type: str, spec: dict) -> dict:
         job = self.api.call("POST", "/v1/jobs", json={"type": job_type, "spec": spec}).json()
+        self.job_ids.append(job["id"])
         log.info("adapt job submitted", extra={"job_id": job["id"], "type": job_type})
         deadline = time.monotonic() + self.timeout_s
         while job["state"] not in TERMINAL:
@@ -186,25 +189,65 @@ def _evaluate(jobs: JobsApi, plan: RunPlan, drafter: str, heldout: str, prompts:
     return _per_prompt(plan.output(job, "report", name + "/"), endpoint_url)
 
 
-def train_candidate(jobs: JobsApi, plan: RunPlan, split, endpoint_url: str | None) -> tuple[dict, int | None]:
-    """Regenerate (if any), tokenize and train; returns the pipeline job and the served version it started from."""
+def train_candidate(jobs: JobsApi, plan: RunPlan, split, endpoint_url: str | None, stage: list) -> tuple[dict, int | None]:
+    """Regenerate (if any), tokenize and train; returns the pipeline job and the drafter version it started from
+    (the one served, or the last one that was)."""
     if split.regenerate:
+        stage[0] = "generate"
         gen = jobs.run("generate", {**plan.stages.get("generate", {}), "prompts": split.regenerate,
                                     "output": plan.run + "generated/", "temperature": 0.0})
         _copy_completions(plan.output(gen, "completions", "generated/"), split.data, endpoint_url)
-    served_version = plan.served.current_version()
+    stage[0] = "pipeline"
+    start_version = plan.served.latest_drafter()
     train = {**plan.stages.get("train", {}), "output": plan.run + "train/"}
-    if served_version is not None:
-        train["init_from"] = plan.served.version_uri(served_version)
+    if start_version is not None:
+        train["init_from"] = plan.served.version_uri(start_version)
     pipeline = jobs.run("pipeline", {"tokenize": {**plan.stages.get("tokenize", {}), "input": split.data,
                                                   "output": plan.run + "tokens/"}, "train": train})
-    return pipeline, served_version
+    return pipeline, start_version
+
+
+def _options(jobs: JobsApi, plan: RunPlan, drafter: str, split, endpoint: str | None, stage: list):
+    """The served configuration and the candidates, each with its τ per held-out prompt."""
+    stage[0] = "evaluate"
+    cand, ngram = _evaluate(jobs, plan, drafter, split.heldout, split.heldout_records, "eval-candidate", endpoint)
+    block = read_drafter_config(open_store(drafter, endpoint_url=endpoint), "config.json")
+    evaluate = plan.stages.get("evaluate", {})
+    lookup = [evaluate.get(k, EvaluateSpec.model_fields[k].default) for k in ("ngram_min", "ngram_max")]
+    ones = {i: 1.0 for i in cand}
+    options = [Option("candidate", {"method": block["method"], "candidate": drafter}, cand),
+               Option("ngram", ngram_config(block["block_size"] - 1, *lookup), ngram), Option("none", dict(NONE), ones)]
+    config = plan.served.configuration() or dict(NONE)
+    if config["method"] == "ngram":  # the evaluate job's n-gram, at the candidate's draft length
+        served = Option("served", config, ngram)
+    elif config["method"] == "none":
+        served = Option("served", config, ones)
+    else:
+        served_tau, _ = _evaluate(jobs, plan, plan.served.version_uri(config["version"]), split.heldout,
+                                  split.heldout_records, "eval-served", endpoint)
+        served = Option("served", config, served_tau)
+    return served, options
 
 
 def adapt_once(jobs: JobsApi, settings: AdaptSettings, stages: dict, now: datetime | None = None) -> dict:
-    """One run (see the module's docstring); returns the served store's event (promoted or refused)."""
+    """One run (see the module's docstring); returns the served store's event (promoted or refused). A run that
+    fails after its served store is known records the failure there (stage, reason, jobs) before it raises."""
     owner = jobs.whoami()
     plan = plan_run(settings, stages, owner, now)
+    stage, submitted = ["source"], len(getattr(jobs, "job_ids", []))
+    try:
+        return _adapt(jobs, plan, settings, owner, now, stage)
+    except Exception as exc:
+        job_ids = list(getattr(jobs, "job_ids", []))[submitted:]
+        try:
+            plan.served.record_failure(stage[0], f"{type(exc).__name__}: {exc}", job_ids, run=plan.run)
+        except Exception as record_exc:  # the store itself failing: the run's own error is what it raises
+            log.warning("adapt failure not recorded", extra={"run": plan.run, "error": str(record_exc)[:500]})
+        raise
+
+
+def _adapt(jobs: JobsApi, plan: RunPlan, settings: AdaptSettings, owner: str, now: datetime | None,
+           stage: list) -> dict:
     endpoint = settings.s3_endpoint_url
     sweep_old_runs(plan.run.rstrip("/").rpartition("/")[0] + "/", settings.adapt_retention_hours,
                    now or datetime.now(timezone.utc), owner, endpoint)
@@ -212,20 +255,20 @@ def adapt_once(jobs: JobsApi, settings: AdaptSettings, stages: dict, now: dateti
     split = prepare_source(plan.capture, plan.run, since, until, heldout_share=settings.adapt_heldout_share,
                            regenerate=settings.adapt_regenerate, endpoint_url=endpoint)
     log.info("adapt source prepared", extra={"run": plan.run, **split.as_dict()})
-    pipeline, served_version = train_candidate(jobs, plan, split, endpoint)
+    pipeline, start_version = train_candidate(jobs, plan, split, endpoint, stage)
     drafter = plan.output(pipeline, "drafter", "train/")
-    cand, ngram = _evaluate(jobs, plan, drafter, split.heldout, split.heldout_records, "eval-candidate", endpoint)
-    baseline, baseline_name = ngram, "ngram"
-    if served_version is not None:
-        baseline, _ = _evaluate(jobs, plan, plan.served.version_uri(served_version), split.heldout,
-                                split.heldout_records, "eval-served", endpoint)
-        baseline_name = f"served version {served_version}"
-    decision = decide(*paired(cand, baseline), threshold=settings.adapt_threshold, z=settings.adapt_z)
-    evidence = {"source_job": pipeline["id"], "run": plan.run, "baseline": baseline_name,
-                "served_version": served_version, "window": {"since": f"{since:%Y-%m-%dT%H:%M:%SZ}",
-                                                             "until": f"{until:%Y-%m-%dT%H:%M:%SZ}"},
-                "tau_ngram": sum(ngram.values()) / len(ngram) if ngram else None,
-                "source": split.as_dict(), **decision.as_dict()}
-    if decision.promote:
-        return plan.served.promote(drafter, evidence)
-    return plan.served.record({"action": "refused", "candidate": drafter, **evidence})
+    served, options = _options(jobs, plan, drafter, split, endpoint, stage)
+    stage[0] = "decide"
+    costs = settings.adapt_step_costs
+    winner, figures, reason = judge(served, options, costs, min_gain=settings.adapt_min_gain,
+                                    alpha=settings.adapt_alpha, min_prompts=settings.adapt_min_prompts)
+    evidence = {"source_job": pipeline["id"], "run": plan.run, "served": served.config, "warm_start": start_version,
+                "window": {"since": f"{since:%Y-%m-%dT%H:%M:%SZ}", "until": f"{until:%Y-%m-%dT%H:%M:%SZ}"},
+                "source": split.as_dict(), "step_costs": costs.model_dump(), "alpha": settings.adapt_alpha,
+                "min_gain": settings.adapt_min_gain, "min_prompts": settings.adapt_min_prompts,
+                "candidates": figures, "reason": reason}
+    if winner is None:
+        return plan.served.record({"action": "refused", "candidate": drafter, **evidence})
+    if winner.name == "candidate":
+        return plan.served.promote(drafter, {"winner": "candidate", **evidence})
+    return plan.served.serve(winner.config, {"winner": winner.name, "candidate": drafter, **evidence})

@@ -2,13 +2,17 @@
 
 Layout under ``<served>/<name>/`` (``served`` is the operator's served location, inside the storage roots):
 
-* ``current.json`` - the pointer serving reads: ``{"version": n, "drafter": "versions/<n>/"}``, one small file
+* ``current.json`` - the pointer serving reads, the serving configuration: a drafter ``{"method": "dflash",
+  "version": n, "drafter": "versions/<n>/"}`` (or ``dspark``, ``dflash2``), n-gram speculation ``{"method":
+  "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}`` or no speculation
+  ``{"method": "none"}`` (a pointer naming only a version is a ``dflash`` drafter's); one small file
   written whole (a rename on a local disk, one object put on S3), so a reader sees the old version or the new,
   never part of one (``dflash-pipeline adapt current`` resolves it);
 * ``versions/<n>/`` - every drafter ever promoted, byte for byte as it was promoted, numbered from 1, complete
   before the pointer names it and never written again;
 * ``history.json`` - the decisions in order (promoted, refused, rolled back: the evidence and the reason)
-  and ``stack``, the versions that have been current, the current one last.
+  and ``stack``, the configurations that have been current, the current one last (a drafter as its version
+  number, n-gram or no speculation as its pointer's fields).
 
 A promotion writes the new version first, then the pointer, then ``history.json``; a rollback points back at the
 version before the current one and records it. A store promoted before the pointer existed holds a copy,
@@ -43,6 +47,8 @@ from pathlib import Path
 
 from dfp_shared.printable import printable
 from dfp_shared.storage.store import NotFound, ObjectStore, open_store, visible
+
+from dfp_adapt.serving import DRAFTER_METHODS, MAX_BLOCK_SIZE, read_drafter_config
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +90,19 @@ def check_name(name: str) -> str:
     if not NAME_RE.match(name) or ".." in name:
         raise PromotionError(f"drafter name {name!r}: use 1..64 letters, digits, '.', '_' or '-'")
     return name
+
+
+def _stacked(entry: object) -> bool:
+    """A stack entry: a version number, or an n-gram or no-speculation configuration."""
+    if type(entry) is int:
+        return 0 < entry <= MAX_VERSION
+    if not isinstance(entry, dict):
+        return False
+    if entry.get("method") == "none":
+        return set(entry) == {"method"}
+    sizes = [entry.get(k) for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")]
+    return entry.get("method") == "ngram" and len(entry) == 4 and all(type(v) is int and 0 < v <= MAX_BLOCK_SIZE
+                                                                     for v in sizes) and sizes[1] <= sizes[2]
 
 
 def _now() -> str:
@@ -129,12 +148,12 @@ class ServedDrafters:
             raise PromotionError(f"{self.uri}{HISTORY}: not JSON ({exc})") from None
         if not isinstance(history, dict) or not isinstance(history.get("stack"), list) \
                 or not isinstance(history.get("events"), list) \
-                or not all(type(v) is int and v > 0 for v in history["stack"]):
+                or not all(_stacked(v) for v in history["stack"]):
             raise PromotionError(f"{self.uri}{HISTORY}: not a served drafter's history")
         return history
 
-    def _pointer(self) -> int | None:
-        """The version ``current.json`` names; None without one (nothing served, or a store from before it)."""
+    def _pointer(self) -> dict | None:
+        """The configuration ``current.json`` names; None without one (nothing served, or a store from before it)."""
         try:
             with self.store.open_read(POINTER) as f:
                 data = f.read(MAX_POINTER_BYTES + 1)
@@ -144,19 +163,44 @@ class ServedDrafters:
         if len(data) > MAX_POINTER_BYTES:
             raise PromotionError(f"{where}: larger than {MAX_POINTER_BYTES} bytes; not a pointer")
         try:
-            version = json.loads(data)["version"]
-        except (ValueError, RecursionError, TypeError, KeyError):
-            raise PromotionError(f"{where}: not a pointer (a JSON object naming a version)") from None
+            pointer = json.loads(data)
+            method = pointer.get("method", "dflash")
+        except (ValueError, RecursionError, TypeError, AttributeError):
+            raise PromotionError(f"{where}: not a pointer (a JSON object naming a configuration)") from None
+        if method in ("ngram", "none"):
+            config = {k: v for k, v in pointer.items() if k != "time"}
+            if not _stacked(config):
+                raise PromotionError(f"{where}: not a {method} configuration")
+            return config
+        version = pointer.get("version")
+        if method not in DRAFTER_METHODS:
+            raise PromotionError(f"{where}: method {_text(method, 32)} is no serving method")
         if type(version) is not int or not 0 < version <= MAX_VERSION:
             raise PromotionError(f"{where}: version {_text(version, 32)} is no version number")
-        return version
+        return {"method": method, "version": version}
+
+    def configuration(self) -> dict | None:
+        """The configuration served: the pointer's, or for a store from before the pointer its history's current one
+        (a version there is a ``dflash`` drafter); None when nothing was ever served."""
+        config = self._pointer()
+        if config is None:
+            stack = self.history()["stack"]
+            if not stack:
+                return None
+            config = {"method": "dflash", "version": stack[-1]} if type(stack[-1]) is int else dict(stack[-1])
+        return config
 
     def current_version(self) -> int | None:
-        """The version served: the pointer's, or for a store from before the pointer its history's current one."""
-        version = self._pointer()
+        """The drafter version served; None when nothing, n-gram or no speculation is served."""
+        config = self.configuration()
+        return config.get("version") if config else None
+
+    def latest_drafter(self) -> int | None:
+        """The drafter version served, or else the last one that was (what a candidate is warm-started from)."""
+        version = self.current_version()
         if version is None:
-            stack = self.history()["stack"]
-            version = stack[-1] if stack else None
+            versions = [v for v in self.history()["stack"] if type(v) is int]
+            version = versions[-1] if versions else None
         return version
 
     def current(self) -> Served | None:
@@ -296,6 +340,25 @@ class ServedDrafters:
         with self._changing("refusal"):
             return self._record(event)
 
+    def record_failure(self, stage: str, reason: str, job_ids: list[str], **more) -> dict:
+        """Add a run that failed at ``stage`` to the history (its reason without control characters)."""
+        with self._changing("failure"):
+            return self._record({"action": "failed", "stage": stage, "reason": printable(reason)[:4096],
+                                 "job_ids": list(job_ids), **more})
+
+    def serve(self, config: dict, evidence: dict) -> dict:
+        """Point serving at n-gram speculation or at no speculation (``config``); returns the event."""
+        if not _stacked(config) or type(config) is int:
+            raise PromotionError(f"{self.uri}: {_text(config, 200)} is no n-gram or no-speculation configuration")
+        with self._changing("promotion"):
+            history = self.history()
+            self._point_at(config)
+            event = {"time": _now(), "action": "promoted", "configuration": config, **evidence}
+            history["stack"].append(config)
+            history["events"].append(event)
+            self._write_history(history)
+            return event
+
     def _record(self, event: dict) -> dict:
         history = self.history()
         event = {"time": _now(), **event}
@@ -314,7 +377,7 @@ class ServedDrafters:
         if "config.json" not in files:
             raise PromotionError(f"{candidate}: no config.json (not a drafter export)")
         history = self.history()
-        version = max([0, *self._versions(), *history["stack"]]) + 1
+        version = max([0, *self._versions(), *(v for v in history["stack"] if type(v) is int)]) + 1
         prefix = f"{VERSIONS}{version}/"
         with tempfile.TemporaryDirectory(prefix="dflash-promote-") as tmp:
             _copy(source, "", self.store, prefix, files, Path(tmp))
@@ -322,7 +385,8 @@ class ServedDrafters:
             raise PromotionError(f"{self.store.url(prefix)}: the version does not hold the candidate's files; "
                                  f"nothing served changed")
         self._point_at(version)
-        event = {"time": _now(), "action": "promoted", "version": version, "candidate": candidate, **evidence}
+        event = {"time": _now(), "action": "promoted", "version": version, "candidate": candidate,
+                 "configuration": self._pointer(), **evidence}
         history["stack"].append(version)
         history["events"].append(event)
         self._write_history(history)
@@ -339,24 +403,33 @@ class ServedDrafters:
             raise PromotionError(f"{self.uri}: no earlier version to roll back to "
                                  f"(versions current so far: {history['stack'] or 'none'})")
         undone, restored = history["stack"][-1], history["stack"][-2]
-        if not self.store.exists(f"{VERSIONS}{restored}/config.json"):
+        if type(restored) is int and not self.store.exists(f"{VERSIONS}{restored}/config.json"):
             raise PromotionError(f"{self.version_uri(restored)}: version {restored} holds no config.json; "
                                  f"nothing served changed")
         self._point_at(restored)
         event = {"time": _now(), "action": "rolled_back", "version": restored, "undone": undone,
+                 "configuration": self._pointer(),
                  **({"reason": reason} if reason else {})}
         history["stack"].pop()
         history["events"].append(event)
         self._write_history(history)
         return event
 
-    def _point_at(self, version: int) -> None:
+    def _point_at(self, target: int | dict) -> None:
         """Write the pointer (one small file, whole), while this change still holds the lock; then remove the copy
         serving read before the pointer existed."""
         if self._token is None or self._lock_holder()[0]["token"] != self._token:
             raise PromotionError(f"{self.uri}: this change ran past {LOCK_TTL_S} s and its lock was taken over; "
                                  f"nothing served changed")
-        pointer = {"version": version, "drafter": f"{VERSIONS}{version}/", "time": _now()}
+        if type(target) is int:
+            try:
+                method = read_drafter_config(self.store, f"{VERSIONS}{target}/config.json")["method"]
+            except (ValueError, NotFound) as exc:  # serving's own reading of it refuses it, naming why
+                log.warning("a promoted drafter's config is unreadable; named as dflash", extra={"error": _text(exc, 300)})
+                method = "dflash"
+            pointer = {"method": method, "version": target, "drafter": f"{VERSIONS}{target}/", "time": _now()}
+        else:
+            pointer = {**target, "time": _now()}
         self.store.put(POINTER, (json.dumps(pointer) + "\n").encode())
         for key in list(self.store.list(OLD_COPY)):
             self.store.delete(key)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dfp_shared.config import CommonSettings
 from pydantic import Field, SecretStr
 
-from dfp_adapt.rule import MAX_THRESHOLD, MAX_Z
+from dfp_adapt.rule import MAX_ALPHA, MAX_MIN_PROMPTS, MIN_ALPHA, MIN_PROMPTS_FLOOR
+from dfp_adapt.serving import MAX_MIN_GAIN, StepCosts
 from dfp_adapt.source import MAX_HELDOUT_SHARE, MAX_WINDOW_HOURS
 
 MAX_RETENTION_HOURS = 24 * 366
@@ -31,10 +32,19 @@ class AdaptSettings(CommonSettings):
                                                    f"(0..{MAX_HELDOUT_SHARE}).")
     adapt_regenerate: bool = Field(True, description="Regenerate the sampled (non-greedy) records' answers greedily "
                                                      "with a generate job; off: train on them as they are.")
-    adapt_threshold: float = Field(0.05, ge=0, le=MAX_THRESHOLD,
-                                   description="Least mean τ gain (tokens per verify step) a candidate must show.")
-    adapt_z: float = Field(1.96, ge=0, le=MAX_Z,
-                           description="Standard errors of the paired τ difference the gain must exceed.")
+    adapt_min_gain: float = Field(0.02, ge=0, le=MAX_MIN_GAIN,
+                                  description="Least mean gain in output tokens per second over the served configuration "
+                                              "a candidate must show, as a share of the served one's (0.02: 2 %).")
+    adapt_alpha: float = Field(0.025, ge=MIN_ALPHA, le=MAX_ALPHA,
+                               description="One-sided level of the paired t test the gain must pass (the share of equal "
+                                           f"candidates promoted on noise; {MIN_ALPHA}..{MAX_ALPHA}).")
+    adapt_min_prompts: int = Field(8, ge=MIN_PROMPTS_FLOOR, le=MAX_MIN_PROMPTS,
+                                   description="Fewest paired held-out prompts a decision is made on; fewer: refused "
+                                               f"({MIN_PROMPTS_FLOOR}..{MAX_MIN_PROMPTS}).")
+    adapt_step_costs: StepCosts = Field(default_factory=StepCosts,
+                                        description="Seconds of one target verify step, one drafter forward and one "
+                                                    "n-gram lookup, measured with the serving engine on the serving "
+                                                    "hardware (JSON: target_step_s, draft_step_s, ngram_step_s).")
     adapt_spec: str = Field("", description="YAML/JSON file of the stages' spec fields: generate, tokenize, train, "
                                             "evaluate (target, tokenizer, steps, ...); the run sets inputs and outputs.")
     adapt_retention_hours: float = Field(168.0, gt=0, le=MAX_RETENTION_HOURS,

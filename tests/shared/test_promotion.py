@@ -45,11 +45,11 @@ def test_a_candidate_within_the_noise_is_refused():
     # better on average by 0.1, but the per-prompt differences swing by +-0.6: not beyond the noise
     swings = [0.7, -0.5, 0.6, -0.4, 0.7, -0.5, 0.6, -0.4]
     candidate = [s + d for s, d in zip(SERVED, swings)]
-    d = decide(candidate, SERVED, threshold=0.05, z=1.96)
+    d = decide(candidate, SERVED, threshold=0.05)
     assert not d.promote
     assert d.mean_difference == pytest.approx(0.1)
     assert d.mean_difference > d.threshold
-    assert d.mean_difference < d.z * d.standard_error
+    assert d.mean_difference < d.t_quantile * d.standard_error
     assert "within the noise" in d.reason
 
 
@@ -66,18 +66,22 @@ def test_a_worse_candidate_is_refused():
 
 def test_a_candidate_better_beyond_the_noise_is_promoted():
     gains = [0.30, 0.42, 0.25, 0.38, 0.33, 0.29, 0.41, 0.35]
-    d = decide([s + g for s, g in zip(SERVED, gains)], SERVED, threshold=0.05, z=1.96)
+    d = decide([s + g for s, g in zip(SERVED, gains)], SERVED, threshold=0.05)
     assert d.promote
     mean = sum(gains) / len(gains)
     sd = math.sqrt(sum((g - mean) ** 2 for g in gains) / (len(gains) - 1))
     assert d.mean_difference == pytest.approx(mean)
     assert d.standard_error == pytest.approx(sd / math.sqrt(len(gains)))
-    assert d.tau_candidate - d.tau_baseline == pytest.approx(mean)
+    assert d.mean_candidate - d.mean_baseline == pytest.approx(mean)
 
 
 def test_too_few_prompts_decide_nothing():
-    assert not decide([3.0], [1.0], threshold=0.0).promote
+    assert not decide([3.0], [1.0], threshold=0.0, min_prompts=2).promote
     assert not decide([], [], threshold=0.0).promote
+    # seven steady gains are fewer than the operator's eight: refused, however clear
+    d = decide([s + 0.5 for s in SERVED[:7]], SERVED[:7], threshold=0.0)
+    assert not d.promote and "at least 8" in d.reason
+    assert decide([s + 0.5 for s in SERVED[:7]], SERVED[:7], threshold=0.0, min_prompts=7).promote
 
 
 def test_prompts_are_paired_by_id():
@@ -87,11 +91,17 @@ def test_prompts_are_paired_by_id():
     assert cand == [2.0] and base == [1.0]  # a prompt without a finite τ on either side is left out
 
 
-@pytest.mark.parametrize(("threshold", "z"), [(-0.1, 1.96), (17.0, 1.96), (float("nan"), 1.96), (0.1, 11.0),
-                                              (0.1, float("inf"))])
-def test_the_rule_numbers_are_bounded(threshold, z):
+@pytest.mark.parametrize(("threshold", "alpha", "min_prompts"), [
+    (-0.1, 0.025, 8), (float("inf"), 0.025, 8), (float("nan"), 0.025, 8), (0.1, 0.6, 8), (0.1, 0.0, 8),
+    (0.1, float("nan"), 8), (0.1, 0.025, 1), (0.1, 0.025, 10_001), (0.1, 0.025, 8.0)])
+def test_the_rule_numbers_are_bounded(threshold, alpha, min_prompts):
     with pytest.raises(ValueError):
-        decide([1.0, 2.0], [1.0, 1.0], threshold=threshold, z=z)
+        decide([1.0, 2.0], [1.0, 1.0], threshold=threshold, alpha=alpha, min_prompts=min_prompts)
+
+
+def test_the_quantile_is_student_s_t_at_n_minus_one_degrees_of_freedom():
+    d = decide([s + g for s, g in zip(SERVED, [0.3, 0.4] * 4)], SERVED, threshold=0.0)
+    assert d.t_quantile == pytest.approx(2.3646, abs=1e-4)  # t(0.975, 7)
 
 
 # --- the store ---------------------------------------------------------------------------------------------

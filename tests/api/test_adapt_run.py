@@ -18,6 +18,7 @@ import pytest
 from dfp_adapt.rule import decide, paired
 from dfp_adapt.run import JobsApi, adapt_once
 from dfp_adapt.served_store import ServedDrafters
+from dfp_adapt.serving import StepCosts
 from dfp_adapt.settings import AdaptSettings
 from dfp_generation.settings import GenerationSettings
 from dfp_generation.tasks import GenerationHandler, GenerationWorker
@@ -39,6 +40,8 @@ from .conftest import WRITE_KEY, served
 from .tokenize_worker import start_worker
 
 NOW = datetime(2026, 3, 1, 12, 30, tzinfo=timezone.utc)
+# n-gram made dear and the drafter's forward nearly free: the candidate drafter against the served one decides
+COSTS = StepCosts(target_step_s=1.0, draft_step_s=1e-9, ngram_step_s=60.0)
 TOPICS = ["rivers", "colours", "numbers", "planets", "trees", "birds", "metals", "seas", "stars", "cities", "fruit",
           "stones"]
 
@@ -118,9 +121,9 @@ def test_traffic_to_a_refused_then_a_judged_candidate(make_app, redis_client, wo
         jobs = JobsApi(Api(f"http://127.0.0.1:{port}", WRITE_KEY), poll_s=0.2, timeout_s=300)
         base = dict(storage_url=root, adapt_name="tiny", adapt_window_hours=3, adapt_heldout_share=0.2)
 
-        first = adapt_once(jobs, AdaptSettings(**base, adapt_threshold=16.0), specs, now=NOW)
-        assert first["action"] == "refused" and first["baseline"] == "ngram" and first["served_version"] is None
-        assert "not above the threshold 16.0" in first["reason"]
+        first = adapt_once(jobs, AdaptSettings(**base, adapt_min_gain=10.0, adapt_min_prompts=2), specs, now=NOW)
+        assert first["action"] == "refused" and first["served"] == {"method": "none"} and first["warm_start"] is None
+        assert all("not above the threshold" in c["reason"] for c in first["candidates"][1:])
         assert first["source"]["dropped"]["incomplete"] == 2 and first["source"]["heldout_records"] == 4
         assert first["source"]["greedy"] > 0 and first["source"]["sampled"] > 0
         regenerated = open_store(first["run"] + "generated/completions/")
@@ -136,8 +139,9 @@ def test_traffic_to_a_refused_then_a_judged_candidate(make_app, redis_client, wo
         version1 = current_files(served_store)
         specs["train"].update(steps=30, lr=1e-2)
         second = adapt_once(jobs, AdaptSettings(**{**base, "adapt_window_hours": 1.0, "adapt_heldout_share": 0.3},
-                                                adapt_threshold=0.5, adapt_z=1.0), specs, now=NOW + timedelta(hours=1))
-    assert second["baseline"] == "served version 1" and second["served_version"] == 1
+                                                adapt_min_gain=0.01, adapt_alpha=0.25, adapt_min_prompts=2,
+                                                adapt_step_costs=COSTS), specs, now=NOW + timedelta(hours=1))
+    assert second["served"] == {"method": "dflash", "version": 1} and second["warm_start"] == 1
     assert second["source"]["greedy"] == 0 and second["source"]["sampled"] == 8
     pipeline = api_job(redis_client, second["source_job"])
     train = api_job(redis_client, pipeline.outputs["train_job"])
@@ -147,12 +151,15 @@ def test_traffic_to_a_refused_then_a_judged_candidate(make_app, redis_client, wo
     assert set(cand) == set(base_tau) == {"h-1-9", "h-1-10", "h-1-11"}  # the newest traffic, held out
     # trained on the target's own answers, the candidate drafts better than the untrained version it started from
     assert all(cand[i] >= base_tau[i] for i in cand) and sum(cand.values()) > sum(base_tau.values())
-    expected = decide(*paired(cand, base_tau), threshold=0.5, z=1.0)
+    step = COSTS.target_step_s + COSTS.draft_step_s  # the same step for both drafters: tokens/s is τ / step
+    speed = {k: v / step for k, v in cand.items()}, {k: v / step for k, v in base_tau.items()}
+    expected = decide(*paired(*speed), threshold=0.01 * sum(speed[1].values()) / 3, alpha=0.25, min_prompts=2)
     assert expected.promote and second["action"] == "promoted" and second["version"] == 2
-    assert second["mean_difference"] == pytest.approx(expected.mean_difference)
-    assert second["standard_error"] == pytest.approx(expected.standard_error)
-    # three held-out prompts are little evidence: the default z (1.96) would have refused the same gain as noise
-    assert not decide(*paired(cand, base_tau), threshold=0.5, z=1.96).promote
+    row = next(c for c in second["candidates"] if c["name"] == "candidate")
+    assert row["gain"] == pytest.approx(expected.mean_difference)
+    assert row["standard_error"] == pytest.approx(expected.standard_error)
+    # three held-out prompts are little evidence: the default level (t quantile 4.30) would refuse the same gain
+    assert not decide(*paired(*speed), threshold=0.0, alpha=0.025, min_prompts=2).promote
     history = served_store.history()
     assert [e["action"] for e in history["events"]] == ["refused", "promoted", "promoted"]
     assert history["stack"] == [1, 2]

@@ -18,7 +18,8 @@ SPEC = {"tokenize": {"tokenizer": "s3://dflash-pipeline/models/qwen3"},
         "generate": {"model": "s3://dflash-pipeline/models/qwen3", "engine": "openai"}}
 VALUES = {
     "adapt": {"enabled": True, "schedule": "30 2 * * 1", "name": "qwen3-8b", "windowHours": 48, "heldoutShare": 0.05,
-              "regenerate": False, "threshold": 0.1, "z": 2.5, "served": "s3://dflash-pipeline/data/serving",
+              "regenerate": False, "minGain": 0.05, "alpha": 0.01, "minPrompts": 12,
+              "stepCosts": {"target_step_s": 0.05, "draft_step_s": 0.01, "ngram_step_s": 0.001}, "served": "s3://dflash-pipeline/data/serving",
               "spec": SPEC, "pollSeconds": 15, "activeDeadlineSeconds": 43200},
     "capture": {"enabled": True, "upstream": "http://vllm.inference.svc:8000",
                 "prefix": "s3://dflash-pipeline/data/traffic", "retentionHours": 72},
@@ -90,7 +91,9 @@ def test_values_become_the_settings_the_run_reads(enabled, monkeypatch, tmp_path
     assert settings.runs() == "s3://dflash-pipeline/data/adapt"
     assert (settings.adapt_window_hours, settings.adapt_heldout_share) == (48, 0.05)
     assert settings.adapt_regenerate is False
-    assert (settings.adapt_threshold, settings.adapt_z, settings.adapt_poll_s) == (0.1, 2.5, 15)
+    assert (settings.adapt_min_gain, settings.adapt_alpha, settings.adapt_min_prompts, settings.adapt_poll_s) == \
+           (0.05, 0.01, 12, 15)
+    assert settings.adapt_step_costs.model_dump() == VALUES["adapt"]["stepCosts"]
     assert settings.adapt_retention_hours == 72  # the capture's own
     assert _stages(settings.adapt_spec) == SPEC
 
@@ -112,8 +115,11 @@ def test_an_own_api_key_secret_is_required_with_an_own_key_set():
     ({"windowHours": 0}, "/adapt/windowHours"),
     ({"windowHours": 745}, "/adapt/windowHours"),
     ({"heldoutShare": 0.9}, "/adapt/heldoutShare"),
-    ({"threshold": -1}, "/adapt/threshold"),
-    ({"z": 11}, "/adapt/z"),
+    ({"alpha": 0.6}, "/adapt/alpha"),
+    ({"minPrompts": 1}, "/adapt/minPrompts"),
+    ({"minGain": -0.1}, "/adapt/minGain"),
+    ({"stepCosts": {"target_step_s": 0}}, "/adapt/stepCosts/target_step_s"),
+    ({"stepCosts": {"other_s": 1}}, "/adapt/stepCosts"),
     ({"name": "../x"}, "/adapt/name"),
     ({"served": "/local/path"}, "/adapt/served"),
     ({"spec": {"train": {"steps": 1}, "deploy": {}}}, "/adapt/spec"),
@@ -138,9 +144,9 @@ def test_default_settings_match_the_run_defaults(monkeypatch):
         monkeypatch.setenv(name, value)
     settings = AdaptSettings()
     fields = AdaptSettings.model_fields
-    for field in ("adapt_name", "adapt_window_hours", "adapt_heldout_share", "adapt_regenerate", "adapt_threshold",
-                  "adapt_z", "adapt_retention_hours"):
-        assert getattr(settings, field) == fields[field].default, field
+    for field in ("adapt_name", "adapt_window_hours", "adapt_heldout_share", "adapt_regenerate", "adapt_min_gain",
+                  "adapt_alpha", "adapt_min_prompts", "adapt_step_costs", "adapt_retention_hours"):
+        assert getattr(settings, field) == fields[field].get_default(call_default_factory=True), field
 
 
 def _secret(objects: list[dict]) -> dict[str, str]:
@@ -221,16 +227,16 @@ def test_the_notes_serve_the_drafter_through_the_pointer(tmp_path):
 
     from tests.shared.test_promotion import write_export
 
-    assert "adapt current" not in _notes({})
+    assert "adapt serving-config" not in _notes({})
     served = f"file://{tmp_path}/it's served"  # a quote in the location stays one shell word
     notes = _notes({"adapt": {"enabled": True, "name": "qwen3-8b", "served": served},
                     "storage": {"url": f"file://{tmp_path}"}})
     assert "current.json" in notes and "current/" not in notes
-    (line,) = [ln.strip() for ln in notes.splitlines() if ln.strip().startswith("dflash-pipeline adapt current")]
+    (line,) = [ln.strip() for ln in notes.splitlines() if ln.strip().startswith("dflash-pipeline adapt serving-config")]
     write_export(f"file://{tmp_path}/c1", 1)
     ServedDrafters(served, "qwen3-8b").promote(f"file://{tmp_path}/c1/", {})
     argv = shlex.split(line.replace("/drafter/", f"{tmp_path}/pod/"))
-    assert argv[:3] == ["dflash-pipeline", "adapt", "current"] and argv[-2] == ">"
+    assert argv[:3] == ["dflash-pipeline", "adapt", "serving-config"] and argv[-2] == ">"
     out = CliRunner().invoke(cli, argv[1:-2], env={"DFLASH_STORAGE_URL": f"file://{tmp_path}",
                                                    "DFLASH_LOG_JSON": "false"})
     assert out.exit_code == 0, out.stderr

@@ -23,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from tests.e2e.test_vllm_dspark import _recorded_blocks, serve_check_refuses
-from tests.e2e.test_vllm_serve import _train_drafter, servable_target, vllm_python  # noqa: F401 (fixtures)
+from tests.e2e.test_vllm_serve import _train_drafter
 from tests.trainer.train_support import subprocess_env
 
 pytestmark = pytest.mark.timeout(1800)  # may be the first to install vLLM's environment
@@ -32,11 +32,11 @@ FIELDS = dict(family="dflash2", conv_kernel_size=3, conv_group_size=16, selector
 
 
 @pytest.fixture(scope="module")
-def dflash2_drafter(tmp_path_factory, servable_target):  # noqa: F811
-    return _train_drafter(tmp_path_factory.mktemp("dflash2-drafter"), servable_target, **FIELDS)
+def dflash2_drafter(tmp_path_factory, servable_target, servable_dataset):
+    return _train_drafter(tmp_path_factory.mktemp("dflash2-drafter"), servable_target, servable_dataset, **FIELDS)
 
 
-def _vllm_run(vllm_python, drafter_dir: Path, tensors: dict, tmp_path) -> tuple[dict, list[str]]:  # noqa: F811
+def _vllm_run(vllm_python, drafter_dir: Path, tensors: dict, tmp_path) -> tuple[dict, list[str]]:
     inputs, out = tmp_path / "blocks.safetensors", tmp_path / "vllm.safetensors"
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(inputs))
     env = {k: v for k, v in subprocess_env().items() if k != "PYTHONPATH"}
@@ -48,8 +48,8 @@ def _vllm_run(vllm_python, drafter_dir: Path, tensors: dict, tmp_path) -> tuple[
     return load_file(str(out)), loaded
 
 
-def test_vllms_own_dflash2_modules_compute_and_draft_what_the_project_does(dflash2_drafter, vllm_python,  # noqa: F811
-                                                                          servable_target, tmp_path):  # noqa: F811
+def test_vllms_own_dflash2_modules_compute_and_draft_what_the_project_does(dflash2_drafter, vllm_python,
+                                                                          servable_target, tmp_path):
     config = json.loads((dflash2_drafter / "config.json").read_text())
     assert config["architectures"] == ["DFlash2DraftModel"] and config["dflash_config"]["selector_top_k"] == 4
     assert drafter_method(dflash2_drafter) == "dflash" and drafter_needs_v2_runner(dflash2_drafter)
@@ -102,5 +102,5 @@ def test_vllms_own_dflash2_modules_compute_and_draft_what_the_project_does(dflas
 
 
 def test_serve_check_takes_a_dflash2_drafter_and_shows_why_the_cpu_build_cannot_serve_it(
-        servable_target, dflash2_drafter, vllm_python, tmp_path):  # noqa: F811
+        servable_target, dflash2_drafter, vllm_python, tmp_path):
     serve_check_refuses(servable_target, dflash2_drafter, "dflash2", vllm_python, tmp_path)

@@ -29,7 +29,7 @@ from dfp_trainer.evaluate.decode import chat_prompt_ids, speculative_decode
 from dfp_trainer.export.zlab import export_drafter
 from safetensors.torch import save_file
 
-from tests.e2e.test_vllm_serve import _train_drafter, servable_target, vllm_python  # noqa: F401 (fixtures)
+from tests.e2e.test_vllm_serve import _train_drafter
 from tests.trainer.train_support import ROOT, subprocess_env, torch_threads
 
 pytestmark = pytest.mark.timeout(1800)  # may be the first to install vLLM's environment
@@ -37,15 +37,15 @@ HEADS_SCRIPT = Path(__file__).with_name("vllm_dspark_heads.py")
 
 
 @pytest.fixture(scope="module")
-def dspark_drafter(tmp_path_factory, servable_target):  # noqa: F811
-    return _train_drafter(tmp_path_factory.mktemp("dspark-drafter"), servable_target, family="dspark",
+def dspark_drafter(tmp_path_factory, servable_target, servable_dataset):
+    return _train_drafter(tmp_path_factory.mktemp("dspark-drafter"), servable_target, servable_dataset, family="dspark",
                           markov_rank=16)
 
 
 @pytest.fixture(scope="module")
-def pruned_dspark_drafter(tmp_path_factory, servable_target):  # noqa: F811
-    return _train_drafter(tmp_path_factory.mktemp("dspark-pruned"), servable_target, family="dspark", markov_rank=16,
-                          draft_vocab_size=512)
+def pruned_dspark_drafter(tmp_path_factory, servable_target, servable_dataset):
+    return _train_drafter(tmp_path_factory.mktemp("dspark-pruned"), servable_target, servable_dataset, family="dspark",
+                          markov_rank=16, draft_vocab_size=512)
 
 
 def _recorded_blocks(target_dir: Path, drafter_dir: Path, prompts: int = 4):
@@ -82,7 +82,7 @@ def _recorded_blocks(target_dir: Path, drafter_dir: Path, prompts: int = 4):
     return drafter, parts, pick(hidden), torch.cat([anchors[i] for i in full]), pick(drafts)
 
 
-def _vllm_drafts(vllm_python, drafter_dir: Path, parts, hidden, anchors, tmp_path) -> dict:  # noqa: F811
+def _vllm_drafts(vllm_python, drafter_dir: Path, parts, hidden, anchors, tmp_path) -> dict:
     inputs, out = tmp_path / "blocks.safetensors", tmp_path / "vllm.json"
     save_file({"hidden": hidden.float().contiguous(), "anchor": anchors.long().contiguous(),
                "target_lm_head": parts.lm_head.weight.detach().float().contiguous()}, str(inputs))
@@ -94,8 +94,8 @@ def _vllm_drafts(vllm_python, drafter_dir: Path, parts, hidden, anchors, tmp_pat
 
 
 @pytest.mark.parametrize("which", ["full", "pruned"])
-def test_vllms_own_dspark_code_drafts_what_the_projects_decoder_drafts(which, request, vllm_python,  # noqa: F811
-                                                                       servable_target, tmp_path):  # noqa: F811
+def test_vllms_own_dspark_code_drafts_what_the_projects_decoder_drafts(which, request, vllm_python,
+                                                                       servable_target, tmp_path):
     drafter_dir = request.getfixturevalue("dspark_drafter" if which == "full" else "pruned_dspark_drafter")
     config = json.loads((drafter_dir / "config.json").read_text())
     assert config["architectures"] == ["Qwen3DSparkModel"] and config["markov_rank"] == 16
@@ -133,7 +133,7 @@ def test_vllms_own_dspark_code_drafts_what_the_projects_decoder_drafts(which, re
     assert result["drafts"] == forced.tolist()
 
 
-def serve_check_refuses(target: Path, drafter: Path, kind: str, vllm_python, work: Path) -> None:  # noqa: F811
+def serve_check_refuses(target: Path, drafter: Path, kind: str, vllm_python, work: Path) -> None:
     """serve-check starts vLLM with the ``kind`` drafter in the V2 runner, and shows why the CPU build stops."""
     cmd = [sys.executable, "-m", "dfp_cli.main", "serve-check", "--target", str(target), "--drafter",
            str(drafter), "--limit", "1", "--max-new-tokens", "8", "--vllm-python", str(vllm_python),
@@ -144,5 +144,5 @@ def serve_check_refuses(target: Path, drafter: Path, kind: str, vllm_python, wor
 
 
 def test_serve_check_takes_a_dspark_drafter_and_shows_why_the_cpu_build_cannot_serve_it(
-        servable_target, dspark_drafter, vllm_python, tmp_path):  # noqa: F811
+        servable_target, dspark_drafter, vllm_python, tmp_path):
     serve_check_refuses(servable_target, dspark_drafter, "dspark", vllm_python, tmp_path)

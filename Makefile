@@ -24,11 +24,12 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check services tests
 
-# one test process per core, at most four; each starts its own servers, a test file stays on one process
+# one test process per core, at most four; each starts its own servers; a test file stays on one process unless
+# tests/support/schedule.py splits its slow tests into groups, and the groups known to be slow are handed out first
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
 test: lint
-	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_JOBS) --dist loadfile -m "not fresh_install" tests
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder -m "not fresh_install" tests
 
 # the tests that install the project from nothing (`make demo` in a new virtual environment, about 12 minutes);
 # CI runs them after `make test`

@@ -107,3 +107,11 @@ def tiny_hybrid_dir(tmp_path_factory, qwen3_tokenizer_dir):
     from dfp_dev.targets.tiny import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-hybrid"), qwen3_tokenizer_dir, hybrid=True)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which names each test's group in its node id
+def pytest_collection_modifyitems(config, items):
+    """Each test's group and the groups' order for ``make test``'s processes (:mod:`tests.support.schedule`)."""
+    from tests.support.schedule import arrange
+
+    arrange(items)

@@ -92,13 +92,14 @@ ANSWER_NEUTRAL = frozenset({
     "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "include_stop_str_in_output",
     "n", "user", "logprobs", "top_logprobs", "prompt_logprobs", "skip_special_tokens",
     "spaces_between_special_tokens", "request_id", "priority", "metadata", "store", "service_tier",
-    "return_tokens_as_token_ids", "parallel_tool_calls", TEMPLATE_KWARGS})
+    "return_tokens_as_token_ids", "parallel_tool_calls"})
 NEUTRAL = {  # fields that change the answer unless they hold one of these values (None: the field unset)
     "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
     "min_tokens": (0,), "ignore_eos": (False,), "bad_words": ([],), "allowed_token_ids": ([],),
     "logits_processors": ([],), "response_format": ({"type": "text"},), "tools": ([],),
     "tool_choice": ("none", "auto"), "add_generation_prompt": (True,), "continue_final_message": (False,),
-    "echo": (False,), "best_of": (1,), "use_beam_search": (False,), "suffix": ("",)}
+    "echo": (False,), "best_of": (1,), "use_beam_search": (False,), "suffix": ("",),
+    TEMPLATE_KWARGS: ({},)}  # the engines apply it over the template's own arguments (tools, documents, ...)
 MAX_REASONS = 8
 
 

@@ -32,7 +32,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
               "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding", "expect"}
 HOP_BY_HOP_RAW = {name.encode("latin-1") for name in HOP_BY_HOP}
 COMPACT_BYTES = 2**20  # a stream's kept bytes past which they are read into its exchange on the way
-YES, NO = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+YES = {"1", "true", "yes", "on"}  # opt-in words; any other value of the header opts out
 
 
 def header_words(headers, name: str) -> list[str]:
@@ -43,10 +43,11 @@ def header_words(headers, name: str) -> list[str]:
 
 
 def wants_capture(settings: CaptureSettings, headers) -> bool:
-    """The request's own header first (a ``0`` among its values opts out, wherever it is; else a ``1`` opts
-    in), else the operator's switch; then the sampling rate."""
-    said = header_words(headers, settings.capture_header)
-    if any(word in NO for word in said):
+    """The request's own header first (any value among its values that is not an opt-in word opts out,
+    wherever it is: ``0``, ``off``, ``"0"``, ``never`` alike; else a ``1`` opts in), else the operator's switch;
+    then the sampling rate."""
+    said = [word for word in header_words(headers, settings.capture_header) if word]
+    if any(word not in YES for word in said):
         return False
     if not any(word in YES for word in said) and not settings.capture_enabled:
         return False
@@ -141,9 +142,32 @@ async def pump(reply: Reply, recorder: Recorder, send) -> int:
 class Relayed(Response):
     """The upstream's reply, relayed; once it ends (or the client leaves) the exchange goes to the writer."""
 
-    def __init__(self, client: UpstreamClient, reply: Reply, recorder: Recorder, writer: CaptureWriter, route: str):
+    def __init__(self, client: UpstreamClient, reply: Reply, recorder: Recorder, writer: CaptureWriter, route: str,
+                 send_timeout: float = 60.0):
         self.client, self.reply, self.recorder, self.writer, self.route = client, reply, recorder, writer, route
         self.background = None
+        self.send_timeout = send_timeout
+        self.sending_since: float | None = None  # when the send now waiting for the client began
+        self.stalled = False
+
+    def _paced(self, send, loop):
+        """``send`` that notes when each piece began waiting for the client (two clock reads a piece: no timer)."""
+        async def paced(message) -> None:
+            self.sending_since = loop.time()
+            await send(message)
+            self.sending_since = None
+        return paced
+
+    def _check_stall(self, loop, task) -> None:
+        """Every ``send_timeout``: a piece still unread by the client after that long cuts the client off."""
+        since = self.sending_since
+        if since is not None and loop.time() - since >= self.send_timeout:
+            self.stalled = True
+            self.reply.abort(ClientGone())
+            task.cancel()
+            return
+        wait = self.send_timeout if since is None else self.send_timeout - (loop.time() - since)
+        self.stall_timer = loop.call_later(max(wait, 0.01), self._check_stall, loop, task)
 
     async def _watch(self, receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -153,6 +177,9 @@ class Relayed(Response):
     async def __call__(self, scope, receive, send) -> None:
         reply, outcome, size = self.reply, "upstream_broke", 0
         watcher = asyncio.ensure_future(self._watch(receive))
+        loop = asyncio.get_running_loop()
+        send = self._paced(send, loop)
+        self.stall_timer = loop.call_later(self.send_timeout, self._check_stall, loop, asyncio.current_task())
         try:
             await send({"type": "http.response.start", "status": reply.status, "headers": reply_headers(reply.headers)})
             size = await pump(reply, self.recorder, send)
@@ -160,6 +187,11 @@ class Relayed(Response):
             outcome = "sent"
         except ClientGone:
             outcome = "client_gone"
+        except asyncio.CancelledError:
+            if not self.stalled:
+                raise
+            asyncio.current_task().uncancel()  # the client stopped reading: its connection is cut, as it left
+            outcome = "client_stalled"
         except UpstreamError as exc:  # the upstream broke off: the client's connection is cut, as it was
             if isinstance(reply.error, ClientGone):
                 outcome = "client_gone"
@@ -168,10 +200,11 @@ class Relayed(Response):
                 raise UpstreamBroke(str(exc)) from exc
         finally:
             watcher.cancel()
+            self.stall_timer.cancel()
             self.client.release(reply)
             metrics.REQUESTS.labels(route=self.route, outcome=outcome).inc()
             metrics.BYTES.labels(direction="proxied").inc(size)
-            if outcome != "upstream_broke":
+            if outcome not in ("upstream_broke", "client_stalled"):
                 capture = self.recorder.capture(outcome == "sent")
                 if capture is not None:
                     self.writer.submit(capture)
@@ -225,7 +258,7 @@ async def forward(request: Request, route: str, kind: str | None = None) -> Resp
     if exchange is not None:
         content_type = next((v for k, v in reply.headers if k.lower() == b"content-type"), b"")
         event_stream = content_type.lower().startswith(b"text/event-stream")
-    return Relayed(client, reply, Recorder(exchange, event_stream), state.writer, route)
+    return Relayed(client, reply, Recorder(exchange, event_stream), state.writer, route, settings.capture_send_timeout_s)
 
 
 async def chat(request: Request) -> Response:

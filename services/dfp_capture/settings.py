@@ -76,6 +76,9 @@ class CaptureSettings(FrontDoorSettings):
         description="Name of this replica in shard names; empty: the host name.")
     capture_connect_timeout_s: float = Field(10.0, gt=0, description="Seconds to connect to the upstream.")
     capture_read_timeout_s: float = Field(600.0, gt=0, description="Seconds the upstream may go silent mid-reply.")
+    capture_send_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="Seconds a client may leave a piece of its reply unread (the kernel's "
+        "buffers full); then its connection is cut, so a client that stops reading holds no upstream connection.")
     capture_max_connections: int = Field(512, ge=1, description="Most connections to the upstream at once.")
 
     @field_validator("capture_redact")

@@ -8,10 +8,13 @@ counts the bytes of a request's head as they come in and answers ``431 Request H
 more than ``DFLASH_MAX_HEADERS`` headers; nothing past the limit is parsed. A head must be complete within
 ``DFLASH_HEAD_TIMEOUT_S`` of the connection's start (or of its first byte, for a later request on a
 kept-alive connection; later bytes do not restart the time): a connection that sends nothing, or half a
-head, gets ``408`` and is closed. A kept-alive connection idle between requests is closed after
+head, gets ``408`` and is closed; so does one whose body is not complete within ``DFLASH_BODY_TIMEOUT_S`` of its
+head's end (a slow or stalled body would hold a connection slot and the bytes read so far). A kept-alive
+connection idle between requests is closed after
 ``DFLASH_KEEP_ALIVE_TIMEOUT_S``. A connection past the process's cap (``DFLASH_MAX_CONNECTIONS``,
 uvicorn's ``limit_concurrency``) is closed as it opens, unread. Each refusal is counted, by reason
-(``request_head``, ``request_head_timeout``, ``connections``), in the server's own counter.
+(``request_head``, ``request_head_timeout``, ``request_body_timeout``, ``connections``), in the server's own
+counter.
 
 A server started in this process takes a class with its settings' limits (:func:`front_door_protocol`);
 uvicorn's worker processes import the protocol by name, so its class attributes are read from the
@@ -32,6 +35,7 @@ DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_HEADERS = 100
 DEFAULT_HEAD_TIMEOUT_S = 5.0
 DEFAULT_KEEP_ALIVE_TIMEOUT_S = 30.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
 DEFAULT_MAX_CONNECTIONS = 2048
 
 
@@ -46,6 +50,9 @@ class FrontDoorSettings(CommonSettings):
     head_timeout_s: float = Field(
         DEFAULT_HEAD_TIMEOUT_S, gt=0, le=300, description="Seconds a connection may take to send a complete "
         "request head; then 408 and the connection is closed.")
+    body_timeout_s: float = Field(
+        DEFAULT_BODY_TIMEOUT_S, gt=0, le=3600, description="Seconds a request's body may take to arrive, from "
+        "the end of its head; then 408 and the connection is closed.")
     keep_alive_timeout_s: float = Field(
         DEFAULT_KEEP_ALIVE_TIMEOUT_S, gt=0, le=3600,
         description="Seconds a kept-alive connection may stay idle between requests before it is closed.")
@@ -75,12 +82,14 @@ class FrontDoorProtocol(HttpToolsProtocol):
     max_header_bytes = _env_int("DFLASH_MAX_HEADER_BYTES", DEFAULT_MAX_HEADER_BYTES)
     max_headers = _env_int("DFLASH_MAX_HEADERS", DEFAULT_MAX_HEADERS)
     head_timeout_s = _env_float("DFLASH_HEAD_TIMEOUT_S", DEFAULT_HEAD_TIMEOUT_S)
+    body_timeout_s = _env_float("DFLASH_BODY_TIMEOUT_S", DEFAULT_BODY_TIMEOUT_S)
     refusals = None
 
     _in_head = True
     _head_bytes = 0
     _refused = False
     _head_timer = None
+    _body_timer = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -93,6 +102,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm_head_timer()
+        self._disarm_body_timer()
         super().connection_lost(exc)
 
     def _count(self, reason: str) -> None:
@@ -114,6 +124,17 @@ class FrontDoorProtocol(HttpToolsProtocol):
             self._refuse(f"request head not complete within {self.head_timeout_s:g} s (DFLASH_HEAD_TIMEOUT_S)",
                          status=408, error="request_timeout", reason="request_head_timeout")
 
+    def _disarm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_late(self) -> None:
+        self._body_timer = None
+        if not self._in_head and not self._refused and not self.transport.is_closing():
+            self._refuse(f"request body not complete within {self.body_timeout_s:g} s (DFLASH_BODY_TIMEOUT_S)",
+                         status=408, error="request_timeout", reason="request_body_timeout")
+
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
@@ -134,6 +155,10 @@ class FrontDoorProtocol(HttpToolsProtocol):
                                 "(DFLASH_MAX_HEADER_BYTES)")
         self.data_received(data[room:])
 
+    def on_message_begin(self) -> None:
+        self._arm_head_timer()  # a head that began in the same read as the end of the request before it
+        super().on_message_begin()
+
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm_head_timer()
@@ -141,12 +166,14 @@ class FrontDoorProtocol(HttpToolsProtocol):
         if len(self.headers) > self.max_headers:
             return self._refuse(f"request has more than {self.max_headers} headers (DFLASH_MAX_HEADERS)")
         super().on_headers_complete()
+        self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_late)
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._disarm_body_timer()
         if self._refused:
             return
         self._in_head, self._head_bytes = True, 0
@@ -156,8 +183,10 @@ class FrontDoorProtocol(HttpToolsProtocol):
                 reason: str = "request_head") -> None:
         self._refused = True
         self._disarm_head_timer()
+        self._disarm_body_timer()
         self._count(reason)
-        if self.cycle is None or self.cycle.response_complete:  # never inside a response still being sent
+        cycle = self.cycle  # answered only where no response is being sent: before it starts or after it ends
+        if cycle is None or cycle.response_complete or not cycle.response_started:
             body = json.dumps({"error": error, "message": message}).encode()
             self.transport.write(b"".join([
                 STATUS_LINE[status], b"content-type: application/json\r\n",
@@ -170,7 +199,7 @@ def front_door_protocol(settings: FrontDoorSettings, refusals=None) -> type[Fron
     server's counter of refusals by reason."""
     return type("FrontDoor", (FrontDoorProtocol,), {
         "max_header_bytes": settings.max_header_bytes, "max_headers": settings.max_headers,
-        "head_timeout_s": settings.head_timeout_s, "refusals": refusals, "__module__": __name__})
+        "head_timeout_s": settings.head_timeout_s, "body_timeout_s": settings.body_timeout_s, "refusals": refusals, "__module__": __name__})
 
 
 def uvicorn_options(settings: FrontDoorSettings, http: str | type[FrontDoorProtocol]) -> dict:

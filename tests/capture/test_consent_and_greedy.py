@@ -39,6 +39,8 @@ OPT_OUTS = [
     [("X-DFlash-Capture", "1, 0")],
     [("X-DFlash-Capture", "1,no")],
     [("x-dflash-capture", "yes"), ("X-DFLASH-CAPTURE", "OFF")],
+    [("X-DFlash-Capture", '"0"')],
+    [("X-DFlash-Capture", "never")],
 ]
 
 
@@ -56,9 +58,9 @@ def test_the_header_read_as_a_whole_list():
     on = CaptureSettings(storage_url="file:///tmp/x", capture_upstream="http://127.0.0.1:1", capture_enabled=True)
     both = Headers(raw=[(b"x-dflash-capture", b"1"), (b"x-dflash-capture", b"1")])
     assert wants_capture(off, both) and wants_capture(on, both)
-    assert not wants_capture(off, Headers(raw=[(b"x-dflash-capture", b"maybe")]))  # not an opt-in
-    assert wants_capture(on, Headers(raw=[(b"x-dflash-capture", b"maybe")]))  # nor an opt-out
-    assert not wants_capture(on, Headers(raw=[(b"x-dflash-capture", b"maybe, 0")]))
+    for word in (b"maybe", b'"0"', b"0;x", b"disable", b"never", b"1, maybe"):  # any word not an opt-in opts out
+        assert not wants_capture(on, Headers(raw=[(b"x-dflash-capture", word)])), word
+    assert wants_capture(on, Headers(raw=[(b"x-dflash-capture", b"")]))  # an empty value says nothing
 
 
 CARD = 4111111111111111
@@ -73,7 +75,7 @@ def test_redaction_reaches_numbers_and_every_other_scalar(upstream, capture, tmp
     [record] = wait_records(tmp_path / "capture", 1)
     data = b"".join(p.read_bytes() for p in written_files(tmp_path / "capture"))
     assert str(CARD).encode() not in data
-    assert record["meta"]["sampling"]["seed"] == "[REDACTED]" and record["meta"]["greedy"] is True
+    assert record["meta"]["sampling"]["seed"] == "[REDACTED]" and record["meta"]["not_greedy"] == ["chat_template_kwargs"]
     assert record["meta"]["sampling"]["chat_template_kwargs"] == {"account": "[REDACTED]", "flag": True}
     assert record["messages"][0]["content"][1] == {"type": "card", "number": "[REDACTED]", "float": "[REDACTED].0"}
 
@@ -105,6 +107,8 @@ NOT_GREEDY = [
     ({"a_field_of_tomorrow": 1}, "a_field_of_tomorrow"),
     ({"temperature": 0.7}, "sampled"),
     ({"temperature": None}, "sampled"),
+    ({"chat_template_kwargs": {"tools": [{"type": "function"}]}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
 ]
 
 
@@ -122,7 +126,7 @@ def test_greedy_only_for_the_targets_own_greedy_answer(upstream, capture, tmp_pa
 NEUTRAL = [{}, {"top_k": 1, "temperature": 0.8}, {"logit_bias": {}}, {"response_format": {"type": "text"}},
            {"tools": [], "tool_choice": "none"}, {"presence_penalty": 0, "repetition_penalty": 1},
            {"stream": True, "stream_options": {"include_usage": True}}, {"seed": 3, "stop": ["\n"], "n": 1},
-           {"chat_template_kwargs": {"enable_thinking": False}, "max_completion_tokens": 9, "user": "u"}]
+           {"chat_template_kwargs": {}, "max_completion_tokens": 9, "user": "u"}]
 
 
 @pytest.mark.parametrize("extra", NEUTRAL)

@@ -28,6 +28,7 @@ from .fake_upstream import make_app
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_TIMEOUT_S = 0.5
 KEEP_ALIVE_S = 1.5
+BODY_TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 16
 HANG_GUARD_S = 10.0  # far past every limit above: only a server that never acts reaches it
 CHAT = json.dumps({"model": "tiny-target", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -48,6 +49,7 @@ def port(upstream, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLASH_")}
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "services"), str(ROOT), env.get("PYTHONPATH", "")]),
                DFLASH_HEAD_TIMEOUT_S=str(HEAD_TIMEOUT_S), DFLASH_KEEP_ALIVE_TIMEOUT_S=str(KEEP_ALIVE_S),
+               DFLASH_BODY_TIMEOUT_S=str(BODY_TIMEOUT_S),
                DFLASH_MAX_CONNECTIONS=str(MAX_CONNECTIONS), DFLASH_LOG_LEVEL="WARNING")
     log = (root / "serve.log").open("wb")
     proc = subprocess.Popen(
@@ -168,6 +170,25 @@ def test_a_silent_or_dribbling_connection_gets_a_408_and_is_closed(port):
                 time.sleep(HEAD_TIMEOUT_S / 5)
         answer = _until_closed(kept)
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+
+
+def test_stalled_bodies_get_a_408_and_free_their_slots(port, upstream):
+    """As many connections as the cap allows each send a whole head and one byte of a 1,000-byte body, then
+    nothing: each gets a 408 once the body timeout passes, nothing is forwarded, and the next client is served."""
+    seen = len(upstream.app.state.seen_headers)
+    stalled = [_connect(port) for _ in range(MAX_CONNECTIONS - 1)]
+    try:
+        for sock in stalled:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n{")
+        answers = [_until_closed(sock) for sock in stalled]
+    finally:
+        for sock in stalled:
+            sock.close()
+    assert all(a.startswith(b"HTTP/1.1 408 ") and b"DFLASH_BODY_TIMEOUT_S" in a for a in answers), answers[0][:200]
+    assert len(upstream.app.state.seen_headers) == seen
+    with _connect(port) as ok:
+        ok.sendall(_chat_head(b"Connection: close\r\n") + CHAT)
+        assert _response(ok).startswith(b"HTTP/1.1 200 ")
 
 
 def test_an_idle_kept_alive_connection_is_closed(port):

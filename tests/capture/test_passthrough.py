@@ -35,7 +35,9 @@ def test_a_stream_passes_through_byte_for_byte_and_is_recorded_whole(upstream, c
                       "reasoning_content": "thinking about hello there "}
     meta = record["meta"]
     assert meta["finish_reason"] == "stop" and meta["incomplete"] is False and meta["source"] == "capture"
-    assert meta["greedy"] is True and meta["model"] == "tiny-target" and meta["endpoint"] == "chat"
+    # the template's own arguments changed the prompt the target saw: not its greedy answer to these messages
+    assert meta["greedy"] is False and meta["not_greedy"] == ["chat_template_kwargs"]
+    assert meta["model"] == "tiny-target" and meta["endpoint"] == "chat"
     assert meta["sampling"] == {"temperature": 0, "max_tokens": 64, "chat_template_kwargs": {"enable_thinking": True}}
     assert meta["captured_at"].endswith("Z")
     [shard] = list((tmp_path / "capture" / "completions").glob("*/test-*.jsonl"))

@@ -109,3 +109,13 @@ def test_the_attributes_the_limits_read_and_a_request_fed_in_pieces():
     assert protocol.seen == [[(b"host", b"a")], [(b"host", b"a"), (b"x-one", b"1")]]
     assert transport.written.startswith(STATUS_LINE[200]) and transport.written.endswith(b"\r\n\r\nok")
     assert protocol not in protocol.connections
+
+
+def test_the_request_cycle_says_whether_a_response_began_and_ended():
+    """The front door answers a refusal only where no response is being sent: it reads the cycle's flags."""
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    names = inspect.signature(RequestResponseCycle.__init__).parameters
+    assert "transport" in names and "flow" in names
+    source = inspect.getsource(RequestResponseCycle.__init__)
+    assert "self.response_started = False" in source and "self.response_complete = False" in source

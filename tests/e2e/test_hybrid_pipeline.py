@@ -18,7 +18,7 @@ def test_demo_pipeline_on_a_hybrid_target(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT / "services")}
     run = subprocess.run([sys.executable, "-m", "dfp_cli.main", "demo", "--out", str(out), "--target", "tiny", "--hybrid-target",
-                          "--prompts", "12", "--max-new-tokens", "24", "--train-steps", "6"],
+                          "--prompts", "6", "--max-new-tokens", "12", "--train-steps", "2"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=850)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-6000:]
@@ -27,7 +27,7 @@ def test_demo_pipeline_on_a_hybrid_target(tmp_path):
     assert {"linear_attention", "full_attention"} <= set(target["layer_types"])
     completions = [json.loads(line) for f in sorted((store / "generate" / "completions").glob("*.jsonl"))
                    for line in f.read_text().splitlines()]
-    assert len(completions) == 12
+    assert len(completions) == 6
     assert json.loads((store / "tokens" / "manifest.json").read_text())["num_samples"] > 0
     report = json.loads((store / "train" / "report.json").read_text())
     assert report["evaluation"]["tau_trained"] >= 1.0 and report["history"]
@@ -46,7 +46,7 @@ def test_demo_pipeline_on_a_llama_target_without_mask_token_or_thinking(tmp_path
     out = tmp_path / "demo"
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT / "services")}
     run = subprocess.run([sys.executable, "-m", "dfp_cli.main", "demo", "--out", str(out), "--target", "llama",
-                          "--prompts", "12", "--max-new-tokens", "24", "--train-steps", "6"],
+                          "--prompts", "6", "--max-new-tokens", "12", "--train-steps", "2"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=850)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-6000:]

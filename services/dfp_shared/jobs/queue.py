@@ -191,13 +191,17 @@ class TaskQueue:
         got = self._call(self.r.xclaim, self.stream, self.group, task.consumer, 0, [task.id], justid=True)
         return bool(got)
 
+    def _forget(self, pipe, *ids: str) -> None:
+        """Queue on ``pipe`` the commands that end tasks: acked, off the stream, their bookkeeping gone."""
+        pipe.xack(self.stream, self.group, *ids)
+        pipe.xdel(self.stream, *ids)
+        pipe.hdel(self.errors_key, *ids)
+        pipe.hdel(self.released_key, *ids)
+        pipe.hdel(self.deaths_key, *ids)
+
     def ack(self, task: Task) -> None:
         pipe = self.r.pipeline(transaction=True)
-        pipe.xack(self.stream, self.group, task.id)
-        pipe.xdel(self.stream, task.id)
-        pipe.hdel(self.errors_key, task.id)
-        pipe.hdel(self.released_key, task.id)
-        pipe.hdel(self.deaths_key, task.id)
+        self._forget(pipe, task.id)
         pipe.execute()
 
     def ack_many(self, tasks: list[Task], pipe: redis.client.Pipeline | None = None) -> None:
@@ -208,11 +212,7 @@ class TaskQueue:
         ids = [t.id for t in tasks]
         own = pipe is None
         pipe = self.r.pipeline(transaction=False) if own else pipe
-        pipe.xack(self.stream, self.group, *ids)
-        pipe.xdel(self.stream, *ids)
-        pipe.hdel(self.errors_key, *ids)
-        pipe.hdel(self.released_key, *ids)
-        pipe.hdel(self.deaths_key, *ids)
+        self._forget(pipe, *ids)
         if own:
             pipe.execute()
 
@@ -238,11 +238,7 @@ class TaskQueue:
         pipe = self.r.pipeline(transaction=True)
         pipe.xadd(self.dead_stream, {**task.fields, "error": printable(error[:4000]), "deliveries": task.deliveries,
                                      "original_id": task.id, "dead_at": f"{time.time():.3f}"})
-        pipe.xack(self.stream, self.group, task.id)
-        pipe.xdel(self.stream, task.id)
-        pipe.hdel(self.errors_key, task.id)
-        pipe.hdel(self.released_key, task.id)
-        pipe.hdel(self.deaths_key, task.id)
+        self._forget(pipe, task.id)
         pipe.execute()
         log.error("task dead-lettered", extra={"stream": self.stream, "task": task.id, "job_id": task.job_id,
                                                "key": task.key, "deliveries": task.deliveries, "error": error[:500]})

@@ -27,7 +27,10 @@ OWN_GROUPS = {
     "tests/trainer/loop/test_ddp.py::test_two_ranks_match_one_rank_with_the_same_global_batch[dflash]": "ddp-dflash",
     "tests/trainer/loop/test_ddp.py::test_two_ranks_match_one_rank_with_the_same_global_batch[dspark]": "ddp-dspark",
     # a trainer group of two pods each
-    "tests/trainer/test_group.py::test_a_cancel_or_sigterm_stops_every_rank": "trainer-group-stop",
+    "tests/trainer/test_group.py::test_a_cancel_or_sigterm_stops_every_rank_with_one_checkpoint[cancel]":
+        "trainer-group-cancel",
+    "tests/trainer/test_group.py::test_a_cancel_or_sigterm_stops_every_rank_with_one_checkpoint[sigterm]":
+        "trainer-group-sigterm",
 }
 
 # the groups that take minutes, longest first (a fresh 2-core machine); vLLM's groups alternate with others, so
@@ -42,8 +45,9 @@ LONGEST_FIRST = [
     "vllm-llama",
     "e2e/test_vllm_dspark",
     "vllm-sliding",
-    "trainer-group-stop",
+    "trainer-group-cancel",
     "vllm-target-layers",
+    "trainer-group-sigterm",
     "e2e/test_vllm_dflash2",
     "ddp-dflash",
     "ddp-dspark",

@@ -109,6 +109,11 @@ def tiny_hybrid_dir(tmp_path_factory, qwen3_tokenizer_dir):
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-hybrid"), qwen3_tokenizer_dir, hybrid=True)
 
 
+def pytest_configure(config):
+    # pytest-xdist registers the mark itself; also without it (-p no:xdist) the groups are named
+    config.addinivalue_line("markers", "xdist_group(name): the group of tests one process runs whole")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which names each test's group in its node id
 def pytest_collection_modifyitems(config, items):
     """Each test's group and the groups' order for ``make test``'s processes (:mod:`tests.support.schedule`)."""

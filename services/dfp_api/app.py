@@ -76,10 +76,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
     )
     app.state.api = state
     errors.install(app)
-    app.include_router(jobs)
-    app.include_router(keys)
-    app.include_router(health)
-    app.include_router(web)
+    # the routes go on the app's own router: an included router is one more router to match and pass every
+    # request through (in FastAPI's lazily included routers, a second match of its routes)
+    for router in (jobs, keys, health, web):
+        app.router.routes.extend(router.routes)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware)
     _document(app, settings)

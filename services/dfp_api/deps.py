@@ -150,7 +150,8 @@ def key_recheck(request: Request, scope: str = "read") -> Callable[[JobRecord], 
     return check
 
 
-Reading = Annotated[Principal, Depends(require("read"))]
+read_caller = require("read")
+Reading = Annotated[Principal, Depends(read_caller)]
 Writing = Annotated[Principal, Depends(require("write"))]
 
 BEARER_SCHEME = {"HTTPBearer": {"type": "http", "scheme": "bearer",

@@ -9,7 +9,6 @@ load only when that service runs.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.metadata
 
@@ -50,7 +49,6 @@ HELP = {
 ENTRY_POINTS = "dflash_pipeline.commands"  # each entry: a module with COMMANDS and HELP tables of this shape
 
 
-@functools.lru_cache(maxsize=1)
 def registered() -> list:
     """The command tables of the installed packages that register some; an entry whose package is not
     installed (its name in the metadata, its module gone, as in the images) is left out."""

@@ -23,7 +23,9 @@ def test_the_development_commands_are_offered_with_their_help():
 
 
 def test_without_dfp_dev_the_client_and_services_remain(monkeypatch):
-    monkeypatch.setitem(sys.modules, "dfp_dev", None)  # find_spec answers None, as where it is not installed
+    # as where the package is not installed (the images): its entry point is in the metadata, its modules are gone
+    monkeypatch.setitem(sys.modules, "dfp_dev", None)
+    monkeypatch.setitem(sys.modules, "dfp_dev.commands", None)
     out = CliRunner().invoke(cli, ["--help"])
     assert out.exit_code == 0, out.output
     for name in CLIENT_AND_SERVICES:
